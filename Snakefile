@@ -1,0 +1,34 @@
+# bakeoff's DAG. Wiring only: the path grammar, includes, and `rule all`.
+# Configuration is Hydra's (conf/); pass overrides with --config, e.g.
+#   snakemake --cores all results/summary.csv --config experiment=blog_v100
+from snakemake.utils import min_version
+
+min_version("9.0")
+
+# --------------------------------------------------------------------------
+# Path grammar: every artifact path bakeoff writes, defined once, here.
+#   build/llamacpp/src-{commit}/          pinned llama.cpp source tree (from the llama-cpp-python sdist)
+#   build/llamacpp/{toolchain}/           built tools; toolchain = {commit}-{backend}, backend = cpu | cuda<arch>
+#   models/{model}/source/                the model as fetched (hub snapshot or embedded GGUF)
+#   models/{model}/{format}/              one format: fp16, fp8, fp8-dequant, f16, q8_0, q4_k_m
+#   results/summary.csv                   one row per cell
+# Each artifact directory is complete exactly when its manifest.json exists.
+# Logs mirror outputs under logs/, benchmark timings under logs/bench/.
+# --------------------------------------------------------------------------
+LLAMACPP_SRC = "build/llamacpp/src-{commit}/manifest.json"
+TOOLCHAIN = "build/llamacpp/{toolchain}/manifest.json"
+MODEL_SOURCE = "models/{model}/source/manifest.json"
+MODEL = "models/{model}/{format}/manifest.json"
+SUMMARY = "results/summary.csv"
+
+
+include: "workflow/rules/common.smk"
+include: "workflow/rules/toolchain.smk"
+include: "workflow/rules/models.smk"
+include: "workflow/rules/summary.smk"
+
+
+rule all:
+    input:
+        all_outputs(),
+    default_target: True

@@ -1,0 +1,38 @@
+"""Artifact directories that appear whole or not at all.
+
+Why: a crash or Ctrl-C in the middle of a conversion must never leave a
+directory that looks finished. Every stage writes into a hidden staging
+directory next to its destination and renames it into place only after the
+manifest is written; on failure the staging directory is removed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+
+
+@contextlib.contextmanager
+def staged_dir(final: Path) -> Iterator[Path]:
+    """Yield an empty staging directory that replaces ``final`` on success."""
+    final = Path(final)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    stage = final.parent / f".{final.name}.partial-{os.getpid()}"
+    if stage.exists():
+        shutil.rmtree(stage)
+    stage.mkdir()
+    try:
+        yield stage
+    except BaseException:
+        shutil.rmtree(stage, ignore_errors=True)
+        raise
+    old = None
+    if final.exists():
+        old = final.parent / f".{final.name}.old-{os.getpid()}"
+        final.rename(old)
+    stage.rename(final)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)

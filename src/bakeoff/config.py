@@ -1,0 +1,107 @@
+"""Compose bakeoff's Hydra config and validate it against the typed schema.
+
+Why one function: the Snakefile, the CLI and the tests must all see exactly the
+same config for the same overrides. Hydra composes ``conf/``; pydantic checks
+the result. Both kinds of failure become a ``ConfigError`` naming the key.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shlex
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from hydra import compose, initialize_config_dir
+from hydra.core.global_hydra import GlobalHydra
+from hydra.errors import HydraException
+from omegaconf import OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+from pydantic import ValidationError
+
+from bakeoff.errors import ConfigError
+from bakeoff.schema import Config
+
+
+def find_conf_dir(start: Path | None = None) -> Path:
+    """The ``conf/`` next to the nearest enclosing ``Snakefile`` (the project root)."""
+    here = (start or Path.cwd()).resolve()
+    for d in (here, *here.parents):
+        if (d / "conf" / "config.yaml").is_file():
+            return d / "conf"
+    raise ConfigError(f"no conf/config.yaml found in {here} or its parents")
+
+
+def _hydra_value(value: Any) -> str:
+    if isinstance(value, (list, tuple)):
+        return "[" + ",".join(_hydra_value(v) for v in value) + "]"
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return str(value).lower()
+    return str(value)
+
+
+def overrides_from_snakemake(config: Mapping[str, Any]) -> list[str]:
+    """Turn ``snakemake --config ...`` entries back into Hydra overrides.
+
+    Snakemake accepts only identifiers as keys, so dotted Hydra paths travel in
+    one entry, ``overrides``, split like a shell line::
+
+        --config experiment=blog_v100 overrides="load.concurrency=[1,8] engines.llamacpp.settings.parallel=32"
+
+    Other entries are plain ``key=value`` overrides (Snakemake has already
+    parsed their values, e.g. ``[1,8]`` into a list; Hydra wants text).
+    """
+    out = []
+    for key, value in config.items():
+        if key == "overrides":
+            items = value if isinstance(value, (list, tuple)) else shlex.split(str(value))
+            out.extend(str(v) for v in items)
+        else:
+            out.append(f"{key}={_hydra_value(value)}")
+    return out
+
+
+def compose_raw(overrides: Sequence[str] = (), conf_dir: Path | None = None) -> dict[str, Any]:
+    """Hydra composition only: a plain, fully resolved dict."""
+    conf_dir = Path(conf_dir) if conf_dir else find_conf_dir()
+    GlobalHydra.instance().clear()
+    try:
+        with initialize_config_dir(config_dir=str(conf_dir.resolve()), version_base="1.3"):
+            cfg = compose(config_name="config", overrides=list(overrides))
+        raw = OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True)
+    except (HydraException, OmegaConfBaseException) as e:
+        raise ConfigError(f"cannot compose config with overrides {list(overrides)}: {e}") from None
+    finally:
+        GlobalHydra.instance().clear()
+    assert isinstance(raw, dict)
+    return raw
+
+
+def _format_validation(err: ValidationError) -> str:
+    lines = []
+    for e in err.errors():
+        loc = ".".join(str(p) for p in e["loc"]) or "<root>"
+        msg = e["msg"].removeprefix("Value error, ")
+        got = e.get("input")
+        shown = "" if isinstance(got, dict) else f" (got {got!r})"
+        lines.append(f"  {loc}: {msg}{shown}")
+    return "invalid config:\n" + "\n".join(lines)
+
+
+def load_config(overrides: Sequence[str] = (), conf_dir: Path | None = None) -> Config:
+    """Compose and validate; the single entry point for every consumer."""
+    raw = compose_raw(overrides, conf_dir)
+    try:
+        return Config.model_validate(raw)
+    except ValidationError as e:
+        raise ConfigError(_format_validation(e)) from None
+
+
+def config_hash(cfg: Config) -> str:
+    """Short, stable hash of the resolved config (recorded with every result)."""
+    blob = json.dumps(cfg.model_dump(mode="json"), sort_keys=True).encode()
+    return hashlib.sha256(blob).hexdigest()[:16]

