@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 from bakeoff.artifacts import staged_dir
@@ -48,14 +49,12 @@ def cmake_args(tc: ToolchainCfg, hw: HardwareCfg) -> list[str]:
     return args
 
 
-def _run(cmd: list[str], log: Path) -> None:
-    with open(log, "a") as f:
-        f.write("$ " + " ".join(cmd) + "\n")
-        f.flush()
-        proc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT)
+def _run(cmd: list[str]) -> None:
+    """Run a build step with its output streaming into the rule's log."""
+    print("$ " + " ".join(cmd), file=sys.stderr, flush=True)
+    proc = subprocess.run(cmd, stdout=sys.stderr, stderr=subprocess.STDOUT)
     if proc.returncode != 0:
-        tail = "".join(log.read_text().splitlines(keepends=True)[-30:])
-        raise ToolchainError(f"command failed ({proc.returncode}): {' '.join(cmd[:3])} ...\n{tail}")
+        raise ToolchainError(f"build step failed ({proc.returncode}): {' '.join(cmd)}; the lines above say why")
 
 
 def tool_version(binary: Path) -> str:
@@ -76,10 +75,9 @@ def build(tc: ToolchainCfg, hw: HardwareCfg, source_dir: Path, out_dir: Path, jo
     work = out_dir.parent / f".{out_dir.name}.cmake"
     jobs = jobs or os.cpu_count() or 1
     with staged_dir(out_dir) as stage:
-        log = stage / "build.log"
         args = cmake_args(tc, hw)
-        _run(["cmake", "-S", str(tree), "-B", str(work), *args], log)
-        _run(["cmake", "--build", str(work), "--config", "Release", "-j", str(jobs), "--target", *tc.targets], log)
+        _run(["cmake", "-S", str(tree), "-B", str(work), *args])
+        _run(["cmake", "--build", str(work), "--config", "Release", "-j", str(jobs), "--target", *tc.targets])
         (stage / "bin").mkdir()
         for target in tc.targets:
             built = work / "bin" / target

@@ -11,7 +11,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from bakeoff.artifacts import staged_dir
-from bakeoff.hfmodel import drop_quantizer
+from bakeoff.errors import BakeoffError
+from bakeoff.hfmodel import drop_quantizer, strip_quant_params
 from bakeoff.manifest import verify, write_manifest
 from bakeoff.weights import safetensors_stats
 
@@ -27,6 +28,8 @@ def dequantize(src_dir: Path, out_dir: Path) -> None:
     )
     tok = AutoTokenizer.from_pretrained(src_dir)
     drop_quantizer(model)
+    if strip_quant_params(model) == 0:
+        raise BakeoffError(f"{src_dir}: no FP8 scales found: is this a compressed-tensors FP8 checkpoint?")
     with staged_dir(out_dir) as stage:
         model.save_pretrained(stage, safe_serialization=True)
         tok.save_pretrained(stage)

@@ -29,11 +29,12 @@ def _load(source_dir: Path, source: dict):
         ggufs = sorted(source_dir.glob("*.gguf"))
         if len(ggufs) != 1:
             raise ModelSourceError(f"{source_dir}: expected one .gguf, found {[g.name for g in ggufs]}")
-        kw = {"gguf_file": ggufs[0].name, "quantization_config": GgufConfig(dequantize=True)}
+        tok_kw = {"gguf_file": ggufs[0].name}
+        model_kw = {**tok_kw, "quantization_config": GgufConfig(dequantize=True)}
     else:
-        kw = {}
-    tok = AutoTokenizer.from_pretrained(source_dir, **kw)
-    model = AutoModelForCausalLM.from_pretrained(source_dir, dtype=torch.float16, **kw)
+        tok_kw, model_kw = {}, {}
+    tok = AutoTokenizer.from_pretrained(source_dir, **tok_kw)
+    model = AutoModelForCausalLM.from_pretrained(source_dir, dtype=torch.float16, **model_kw)
     drop_quantizer(model)
     return model, tok
 
