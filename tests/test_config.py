@@ -5,10 +5,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, snakemake
 
 from bakeoff.config import compose_raw, load_config, overrides_from_snakemake
 from bakeoff.errors import ConfigError
+
+from conftest import ROOT, snakemake
 
 CONF = ROOT / "conf"
 GROUPS = ["model", "hardware", "load", "eval", "experiment"]

@@ -66,21 +66,21 @@ def _cmd_stage(a: argparse.Namespace) -> None:
     elif name == "to-fp16":
         from bakeoff.stages.to_fp16 import convert
 
-        convert(_dir(a.input), out)
+        convert(_dir(a.input), out, fmt=a.format or "fp16")
     elif name == "quantize-fp8":
         from bakeoff.stages.quantize_fp8 import quantize
 
         q = schema.QuantCfg.model_validate_json(a.spec)
-        quantize(_dir(a.input), out, scheme=q.scheme or "FP8_DYNAMIC", ignore=q.ignore)
+        quantize(_dir(a.input), out, scheme=q.scheme or "FP8_DYNAMIC", ignore=q.ignore, fmt=a.format or "fp8")
     elif name == "dequant-fp8":
         from bakeoff.stages.dequant_fp8 import dequantize
 
-        dequantize(_dir(a.input), out)
+        dequantize(_dir(a.input), out, fmt=a.format or "fp8-dequant")
     elif name == "convert-gguf":
         from bakeoff.stages.convert_gguf import convert
 
         q = schema.QuantCfg.model_validate_json(a.spec)
-        convert(_dir(a.input), _dir(a.tree), out, outtype=q.gguf_type or "F16")
+        convert(_dir(a.input), _dir(a.tree), out, outtype=q.gguf_type or "F16", fmt=a.format or "f16")
     elif name == "quantize-gguf":
         from bakeoff.stages.quantize_gguf import quantize
 

@@ -101,7 +101,7 @@ class QuantCfg(_Strict):
     kind: Literal["hf", "gguf"]
     method: Literal["fp16", "fp8", "fp8_dequant", "gguf_convert", "gguf_quantize"]
     input: str
-    scheme: str | None = None
+    scheme: str | dict[str, Any] | None = None
     ignore: list[str] = []
     gguf_type: str | None = None
 

@@ -31,7 +31,7 @@ rule model_fp16:
     conda:
         "../../envs/bakeoff.yaml"
     shell:
-        "bakeoff stage to-fp16 --input {input} --out {output} > {log} 2>&1"
+        "bakeoff stage to-fp16 --format {wildcards.format} --input {input} --out {output} > {log} 2>&1"
 
 
 rule quantize_fp8:
@@ -50,7 +50,7 @@ rule quantize_fp8:
     conda:
         "../../envs/bakeoff.yaml"
     shell:
-        "bakeoff stage quantize-fp8 --spec {params.spec:q} --input {input} --out {output} > {log} 2>&1"
+        "bakeoff stage quantize-fp8 --spec {params.spec:q} --format {wildcards.format} --input {input} --out {output} > {log} 2>&1"
 
 
 rule dequant_fp8:
@@ -67,7 +67,7 @@ rule dequant_fp8:
     conda:
         "../../envs/bakeoff.yaml"
     shell:
-        "bakeoff stage dequant-fp8 --input {input} --out {output} > {log} 2>&1"
+        "bakeoff stage dequant-fp8 --format {wildcards.format} --input {input} --out {output} > {log} 2>&1"
 
 
 rule convert_gguf:
@@ -87,7 +87,7 @@ rule convert_gguf:
     conda:
         "../../envs/bakeoff.yaml"
     shell:
-        "bakeoff stage convert-gguf --spec {params.spec:q} --input {input.model} --tree {input.tree}"
+        "bakeoff stage convert-gguf --spec {params.spec:q} --format {wildcards.format} --input {input.model} --tree {input.tree}"
         " --out {output} > {log} 2>&1"
 
 

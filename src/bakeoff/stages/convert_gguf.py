@@ -19,7 +19,7 @@ from bakeoff.weights import gguf_stats
 GGUF_NAME = "model.gguf"
 
 
-def convert(src_dir: Path, source_tree: Path, out_dir: Path, outtype: str = "f16") -> None:
+def convert(src_dir: Path, source_tree: Path, out_dir: Path, outtype: str = "f16", fmt: str = "f16") -> None:
     src = verify(src_dir)
     tree_manifest = read_manifest(source_tree)
     script = source_tree / "llama.cpp" / "convert_hf_to_gguf.py"
@@ -36,9 +36,9 @@ def convert(src_dir: Path, source_tree: Path, out_dir: Path, outtype: str = "f16
             stage,
             kind="model-format",
             model=src["model"],
-            format=outtype.lower(),
+            format=fmt,
             source=src["source"],
-            derived_from=f"fp16 ({src['derived_from']})",
+            derived_from=f"{src['format']} ({src['derived_from']})",
             tool={"name": "convert_hf_to_gguf.py", "version": f"llama.cpp@{tree_manifest['commit']}"},
             gguf_type=outtype.upper(),
             **gguf_stats(out),

@@ -17,7 +17,7 @@ from bakeoff.manifest import verify, write_manifest
 from bakeoff.weights import safetensors_stats
 
 
-def dequantize(src_dir: Path, out_dir: Path) -> None:
+def dequantize(src_dir: Path, out_dir: Path, fmt: str = "fp8-dequant") -> None:
     import compressed_tensors
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer, CompressedTensorsConfig
@@ -37,9 +37,9 @@ def dequantize(src_dir: Path, out_dir: Path) -> None:
             stage,
             kind="model-format",
             model=src["model"],
-            format="fp8-dequant",
+            format=fmt,
             source=src["source"],
-            derived_from=f"fp8 ({src['derived_from']})",
+            derived_from=f"{src['format']} ({src['derived_from']})",
             tool={"name": "compressed-tensors", "version": compressed_tensors.__version__},
             **safetensors_stats(stage),
         )

