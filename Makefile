@@ -4,6 +4,8 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.bakeoff-installed
+# Rules call the `bakeoff` CLI: the venv's bin must be on PATH for every recipe.
+export PATH := $(CURDIR)/$(BIN):$(PATH)
 
 .PHONY: setup run test lint clean-venv
 
@@ -24,12 +26,12 @@ run: setup
 	$(BIN)/snakemake --cores all results/summary.csv
 
 test: setup
-	$(BIN)/ruff check src tests benchmarks
+	$(BIN)/ruff check
 	$(BIN)/snakemake --lint
 	$(BIN)/pytest
 
 lint: setup
-	$(BIN)/ruff check src tests benchmarks
+	$(BIN)/ruff check
 	$(BIN)/snakemake --lint
 
 clean-venv:

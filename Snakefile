@@ -10,7 +10,11 @@ min_version("9.0")
 #   build/llamacpp/src-{commit}/          pinned llama.cpp source tree (from the llama-cpp-python sdist)
 #   build/llamacpp/{toolchain}/           built tools; toolchain = {commit}-{backend}, backend = cpu | cuda<arch>
 #   models/{model}/source/                the model as fetched (hub snapshot or embedded GGUF)
-#   models/{model}/{format}/              one format: fp16, fp8, fp8-dequant, f16, q8_0, q4_k_m
+#   models/{model}/{format}/              one format: fp16, fp8, fp8-dynamic, fp8-dequant, f16, q8_0, q4_k_m
+#   results/raw/{experiment}/{model}/{engine}-{format}/
+#       c{conc}-p{prompt}[-r{repeat}].jsonl   per-request records of one load cell
+#       c{conc}-p{prompt}[-r{repeat}].json    that cell's metrics, status and reason
+#       cells.json, server.log                the variant's index; its server's log
 #   results/summary.csv                   one row per cell
 # Each artifact directory is complete exactly when its manifest.json exists.
 # Logs mirror outputs under logs/, benchmark timings under logs/bench/.
@@ -19,12 +23,14 @@ LLAMACPP_SRC = "build/llamacpp/src-{commit}/manifest.json"
 TOOLCHAIN = "build/llamacpp/{toolchain}/manifest.json"
 MODEL_SOURCE = "models/{model}/source/manifest.json"
 MODEL = "models/{model}/{format}/manifest.json"
+CELLS = "results/raw/{experiment}/{model}/{engine}-{format}/cells.json"
 SUMMARY = "results/summary.csv"
 
 
 include: "workflow/rules/common.smk"
 include: "workflow/rules/toolchain.smk"
 include: "workflow/rules/models.smk"
+include: "workflow/rules/serve.smk"
 include: "workflow/rules/summary.smk"
 
 

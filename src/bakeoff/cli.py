@@ -38,11 +38,35 @@ def _cmd_verify(a: argparse.Namespace) -> None:
 
 
 def _cmd_summarize(a: argparse.Namespace) -> None:
-    from bakeoff.config import config_hash, load_config
     from bakeoff.stages.summarize import rows, write_csv
 
-    cfg = load_config(a.overrides)
-    write_csv(Path(a.out), rows(cfg, Path(a.models_root), config_hash(cfg)))
+    write_csv(Path(a.out), rows([Path(p) for p in a.indexes], a.config_hash))
+
+
+def _cmd_load(a: argparse.Namespace) -> None:
+    """One-off load test against any OpenAI-compatible server."""
+    from transformers import AutoTokenizer
+
+    from bakeoff.loadgen.metrics import summarize
+    from bakeoff.loadgen.prompts import make_prompts
+    from bakeoff.loadgen.runner import run_cell
+
+    if a.concurrency < 1:
+        raise BakeoffError(f"--concurrency must be >= 1, got {a.concurrency}")
+    if a.prompt_len < 4 or a.output_len < 1 or a.num_requests < 1:
+        raise BakeoffError("--prompt-len must be >= 4, --output-len and --num-requests >= 1")
+    tok = AutoTokenizer.from_pretrained(a.tokenizer or a.model)
+    prompts = make_prompts(tok, a.prompt_len, a.num_requests + a.warmup, seed=a.seed)
+    res = run_cell(base_url=a.url, model=a.model, prompts=prompts[a.warmup:], prompt_len=a.prompt_len,
+                   output_len=a.output_len, concurrency=a.concurrency, request_rate=a.request_rate,
+                   warmup_prompts=prompts[:a.warmup], api_key=a.api_key, seed=a.seed,
+                   count_tokens=lambda t: len(tok.encode(t, add_special_tokens=False)), label="load")
+    metrics = {**summarize(res.records, res.duration_s), **res.client}
+    if a.records:
+        with open(a.records, "w") as f:
+            for r in res.records:
+                f.write(json.dumps(r.to_json()) + "\n")
+    print(json.dumps(metrics, indent=2))
 
 
 def _cmd_stage(a: argparse.Namespace) -> None:
@@ -88,12 +112,23 @@ def _cmd_stage(a: argparse.Namespace) -> None:
         if not q.gguf_type:
             raise BakeoffError(f"format {a.format!r} has no gguf_type")
         quantize(_dir(a.input), _dir(a.toolchain), out, q.gguf_type, a.format, threads=a.jobs or 0)
+    elif name == "serve-load":
+        from bakeoff.stages.serve_load import run
+
+        spec = json.loads(a.spec)
+        run(engine_cfg=schema.EngineCfg.model_validate(spec["engine"]),
+            hardware=schema.HardwareCfg.model_validate(spec["hardware"]),
+            load=schema.LoadCfg.model_validate(spec["load"]), experiment=spec["experiment"], model=spec["model"],
+            fmt=a.format, engine_name=spec["engine_name"], model_dir=_dir(a.input), tokenizer_dir=_dir(a.tokenizer),
+            out_dir=Path(a.out).parent, toolchain_dir=_dir(a.toolchain) if a.toolchain else None,
+            slos_ms=schema.LoadCfg.model_validate(spec["load"]).slo_ms.as_dict() or None,
+            show_progress=sys.stderr.isatty())
     else:  # argparse restricts choices; kept for type checkers
         raise BakeoffError(f"unknown stage {name!r}")
 
 
 STAGES = ["fetch-llamacpp", "build-llamacpp", "fetch-model", "to-fp16", "quantize-fp8", "dequant-fp8",
-          "convert-gguf", "quantize-gguf"]
+          "convert-gguf", "quantize-gguf", "serve-load"]
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -108,11 +143,26 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("paths", nargs="+")
     v.set_defaults(func=_cmd_verify)
 
-    m = sub.add_parser("summarize", help="write results/summary.csv for the composed experiment")
-    m.add_argument("overrides", nargs="*", help="the Hydra overrides the pipeline ran with")
+    m = sub.add_parser("summarize", help="write results/summary.csv from the variants' cells.json")
+    m.add_argument("indexes", nargs="*", help="cells.json of every variant")
     m.add_argument("--out", default="results/summary.csv")
-    m.add_argument("--models-root", default="models")
+    m.add_argument("--config-hash", default="")
     m.set_defaults(func=_cmd_summarize)
+
+    ld = sub.add_parser("load", help="run the load generator alone against an OpenAI-compatible server")
+    ld.add_argument("--url", required=True, help="base URL, e.g. http://127.0.0.1:8000")
+    ld.add_argument("--model", required=True, help="model name the server serves")
+    ld.add_argument("--tokenizer", help="HF tokenizer dir/name for exact-length prompts (default: --model)")
+    ld.add_argument("--concurrency", type=int, default=1)
+    ld.add_argument("--prompt-len", type=int, default=128)
+    ld.add_argument("--output-len", type=int, default=128)
+    ld.add_argument("--num-requests", type=int, default=32)
+    ld.add_argument("--warmup", type=int, default=2)
+    ld.add_argument("--request-rate", type=float, default=None, help="Poisson req/s (default: closed loop)")
+    ld.add_argument("--api-key", default=None)
+    ld.add_argument("--seed", type=int, default=0)
+    ld.add_argument("--records", help="write per-request records (JSONL) here")
+    ld.set_defaults(func=_cmd_load)
 
     s = sub.add_parser("stage", help="run one pipeline stage (called by the Snakefile)")
     s.add_argument("stage", choices=STAGES)
@@ -122,6 +172,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--hardware", help="hardware config, as JSON")
     s.add_argument("--tree", help="llama.cpp source tree artifact")
     s.add_argument("--toolchain", help="built llama.cpp toolchain artifact")
+    s.add_argument("--tokenizer", help="HF checkpoint whose tokenizer builds the prompts")
     s.add_argument("--format", help="format name of the output")
     s.add_argument("--jobs", type=int, default=None, help="parallel build/quantize threads")
     s.set_defaults(func=_cmd_stage)

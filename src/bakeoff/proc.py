@@ -62,7 +62,8 @@ class ManagedProcess:
             log.write(("$ " + " ".join(self.cmd) + "\n").encode())
             log.flush()
             self.proc = subprocess.Popen(self.cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                         env=self.env, cwd=self.cwd, start_new_session=True)
+                                         env=self.env, cwd=self.cwd, start_new_session=True,
+                                         preexec_fn=_die_with_parent)
         return self
 
     @property
@@ -125,6 +126,15 @@ class ManagedProcess:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def _die_with_parent() -> None:
+    """In the child: get SIGTERM if the parent dies (even by SIGKILL), so no server is orphaned."""
+    import ctypes
+
+    with contextlib.suppress(OSError, AttributeError):
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
 def _group_alive(pgid: int) -> bool:

@@ -106,15 +106,28 @@ class QuantCfg(_Strict):
     gguf_type: str | None = None
 
 
+class SloCfg(_Strict):
+    """Goodput SLOs in milliseconds (any subset), as ``vllm bench serve --goodput``."""
+
+    ttft: PositiveFloat | None = None
+    tpot: PositiveFloat | None = None
+    e2el: PositiveFloat | None = None
+
+    def as_dict(self) -> dict[str, float]:
+        return {k: v for k, v in self.model_dump().items() if v is not None}
+
+
 class LoadCfg(_Strict):
     concurrency: list[PositiveInt] = Field(min_length=1)
     prompt_len: list[PositiveInt] = Field(min_length=1)
     output_len: PositiveInt
     num_requests: PositiveInt
+    requests_per_concurrency: NonNegativeInt = 0  # per cell: max(num_requests, this * concurrency)
     warmup_requests: NonNegativeInt = 0
     repeats: PositiveInt = 1
     request_rate: PositiveFloat | None = None
     temperature: float = Field(default=0.0, ge=0.0)
+    slo_ms: SloCfg = SloCfg()
 
 
 class EvalCfg(_Strict):

@@ -1,4 +1,5 @@
 # Config composition, wildcard constraints and input functions.
+import json
 import re
 from pathlib import Path
 
@@ -31,6 +32,8 @@ def formats_with(method):
 
 wildcard_constraints:
     model=re.escape(MODEL_NAME),
+    experiment=re.escape(CFG.experiment.name),
+    engine=_alt(CFG.experiment.variants),
     commit="[0-9a-f]{7,40}",
     toolchain="[0-9a-f]{7,40}-[a-z0-9]+",
 
@@ -59,6 +62,38 @@ def format_spec(wildcards):
 
 def model_manifests():
     return [MODEL.format(model=MODEL_NAME, format=f) for f in CFG.needed_formats()]
+
+
+def serve_inputs(wildcards):
+    """A variant's server needs its format, the fp16 tokenizer, and (llama.cpp) the toolchain."""
+    inputs = {
+        "model": MODEL.format(model=wildcards.model, format=wildcards.format),
+        "tokenizer": MODEL.format(model=wildcards.model, format="fp16"),
+    }
+    if CFG.engines[wildcards.engine].plugin == "llamacpp":
+        inputs["toolchain"] = toolchain_manifest()
+    return inputs
+
+
+def serve_spec(wildcards):
+    """The config slice a variant's results depend on (a change re-runs it)."""
+    return json.dumps({
+        "engine_name": wildcards.engine,
+        "engine": CFG.engines[wildcards.engine].model_dump(mode="json"),
+        "hardware": CFG.hardware.model_dump(mode="json"),
+        "load": CFG.load.model_dump(mode="json"),
+        "experiment": CFG.experiment.name,
+        "model": CFG.model.name,
+    }, sort_keys=True)
+
+
+def toolchain_arg(wildcards, input):
+    return f"--toolchain {input.toolchain}" if "toolchain" in input.keys() else ""
+
+
+def cell_indexes():
+    return [CELLS.format(experiment=CFG.experiment.name, model=MODEL_NAME, engine=e, format=f)
+            for e, f in CFG.variants()]
 
 
 def all_outputs():

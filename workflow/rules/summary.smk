@@ -1,16 +1,16 @@
-# results/summary.csv: one row per cell of the experiment.
+# results/summary.csv: one row per cell of the experiment, unsupported ones included.
 
 
 rule summary:
     input:
-        models=model_manifests(),
+        cell_indexes(),
     output:
         SUMMARY,
     params:
-        overrides=overrides_from_snakemake(config),
+        config_hash=CONFIG_HASH,
     log:
         "logs/results/summary.log",
     conda:
         "../../envs/bakeoff.yaml"
     shell:
-        "bakeoff summarize --out {output} {params.overrides:q} > {log} 2>&1"
+        "bakeoff summarize {input} --config-hash {params.config_hash} --out {output} > {log} 2>&1"

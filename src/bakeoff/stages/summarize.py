@@ -1,43 +1,47 @@
-"""Stage: ``results/summary.csv``, one row per (engine, format) variant.
+"""Stage: ``results/summary.csv``, one row per load cell of the experiment.
 
-Until load tests exist, a row records what was prepared for the variant: the
-artifact's weight bytes, bits per weight and provenance. Written atomically
-(temp file + rename) so a reader never sees half a CSV.
+Rows come from each variant's ``cells.json`` (written by the serve-load
+stage), unsupported and failed cells included, with their reasons. Written
+atomically (temp file + rename) so a reader never sees half a CSV.
 """
 
 from __future__ import annotations
 
 import csv
+import json
 import os
 from pathlib import Path
+from typing import Any
 
-from bakeoff.manifest import verify
-from bakeoff.schema import Config
+COLUMNS = [
+    "experiment", "model", "engine", "engine_version", "format", "hardware",
+    "concurrency", "prompt_len", "output_len", "repeat", "request_rate",
+    "requests", "completed", "failed", "status", "reason",
+    "output_throughput", "request_throughput", "total_token_throughput", "duration_s",
+    "median_ttft_ms", "p99_ttft_ms", "median_tpot_ms", "p99_tpot_ms",
+    "median_itl_ms", "p99_itl_ms", "median_e2el_ms", "p99_e2el_ms",
+    "mean_ttft_ms", "mean_tpot_ms", "request_goodput",
+    "peak_rss_bytes", "peak_gpu_bytes", "weight_bytes", "bits_per_weight", "n_params",
+    "startup_s", "client_cpu_s_per_1k_tokens", "client_loop_lag_p99_ms",
+    "engine_settings", "config_hash",
+]
 
-COLUMNS = ["experiment", "model", "engine", "format", "hardware", "status", "reason", "n_params", "weight_bytes",
-           "bits_per_weight", "tool", "derived_from", "config_hash"]
+
+def _fmt(v: Any) -> Any:
+    if isinstance(v, float):
+        return f"{v:.6g}"
+    if isinstance(v, (dict, list)):
+        return json.dumps(v, sort_keys=True)
+    return "" if v is None else v
 
 
-def rows(cfg: Config, models_root: Path, config_hash: str) -> list[dict]:
+def rows(index_paths: list[Path], config_hash: str) -> list[dict[str, Any]]:
     out = []
-    for engine, fmt in cfg.variants():
-        m = verify(models_root / cfg.model.name / fmt)
-        tool = m.get("tool", {})
-        out.append({
-            "experiment": cfg.experiment.name,
-            "model": cfg.model.name,
-            "engine": engine,
-            "format": fmt,
-            "hardware": cfg.hardware.name,
-            "status": "prepared",
-            "reason": "",
-            "n_params": m.get("n_params"),
-            "weight_bytes": m.get("weight_bytes"),
-            "bits_per_weight": m.get("bits_per_weight"),
-            "tool": f"{tool.get('name', '')} {tool.get('version', '')}".strip(),
-            "derived_from": m.get("derived_from", ""),
-            "config_hash": config_hash,
-        })
+    for p in index_paths:
+        for cell in json.loads(Path(p).read_text())["cells"]:
+            row = {k: _fmt(cell.get(k)) for k in COLUMNS}
+            row["config_hash"] = config_hash
+            out.append(row)
     return out
 
 

@@ -1,0 +1,160 @@
+"""The engine interface: start, ready, stop, versions, capabilities.
+
+Why a registry behind one abstract class (as lm-evaluation-harness does for
+its model backends): the load generator and the pipeline never branch on the
+engine. Adding an engine (say SGLang) is one module that subclasses
+:class:`Engine` and calls :func:`register`, plus one ``conf/engine/*.yaml``.
+
+A server is started once per (engine, format, engine settings) and serves all
+of that variant's load cells. It binds 127.0.0.1 on a free port unless told
+otherwise; any other address needs an API key (enforced by the config schema
+and again here).
+"""
+
+from __future__ import annotations
+
+import abc
+import ipaddress
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from bakeoff.errors import BakeoffError
+from bakeoff.proc import ManagedProcess, ServerStartError, free_port, tail
+from bakeoff.schema import EngineCfg, HardwareCfg
+
+ENGINES: dict[str, type[Engine]] = {}
+
+
+def register(cls: type[Engine]) -> type[Engine]:
+    ENGINES[cls.name] = cls
+    return cls
+
+
+def get_engine(plugin: str) -> type[Engine]:
+    try:
+        return ENGINES[plugin]
+    except KeyError:
+        raise BakeoffError(f"unknown engine plugin {plugin!r}; registered: {sorted(ENGINES)}") from None
+
+
+@dataclass
+class ServerSpec:
+    """Everything needed to start one server for one variant."""
+
+    engine: EngineCfg
+    hardware: HardwareCfg
+    model_dir: Path  # the format's artifact directory
+    served_name: str  # the model name clients send
+    log_path: Path
+    toolchain_dir: Path | None = None
+    extra_env: dict[str, str] = field(default_factory=dict)
+
+
+# Wrapper errors that only point elsewhere ("see root cause above").
+_GENERIC = re.compile(r"initialization failed|see root cause|see stack trace|Failed core proc", re.I)
+_ERROR_LINE = re.compile(r"\b([A-Z]\w*(?:Error|Exception)): (.+)")
+_LOG_PREFIX = re.compile(r"^\(.*?\)\s+(ERROR|WARNING|INFO)\s+\S+\s+\S+\s+\[[^\]]*\]\s+")
+
+
+def engine_error_line(log_text: str) -> str:
+    """The engine's own root-cause line from a failed start (first specific exception)."""
+    generic = ""
+    for raw in log_text.splitlines():
+        level = _LOG_PREFIX.match(raw.strip())
+        if level and level.group(1) != "ERROR":
+            continue  # warnings may quote error text ("... can cause `OSError: ...`")
+        line = _LOG_PREFIX.sub("", raw.strip())
+        m = _ERROR_LINE.search(line)
+        if not m:
+            continue
+        text = f"{m.group(1)}: {m.group(2)}".strip()
+        if _GENERIC.search(text):
+            generic = generic or text
+            continue
+        return text[:500]
+    if generic:
+        return generic[:500]
+    lines = [ln.strip() for ln in log_text.splitlines() if ln.strip()]
+    for ln in reversed(lines):  # llama.cpp style: "error: ..." / "failed to ..."
+        if re.search(r"\berror\b|failed", ln, re.I):
+            return ln[:500]
+    return lines[-1][:500] if lines else "server exited without output"
+
+
+class Engine(abc.ABC):
+    """One running (or startable) inference server."""
+
+    name: str = ""
+    serves: str = ""  # artifact kind: "hf" or "gguf"
+    health_path = "/health"
+
+    def __init__(self, spec: ServerSpec) -> None:
+        self.spec = spec
+        self.host = spec.engine.host
+        self.port = spec.engine.port or free_port(self.host if self._is_loopback(self.host) else "0.0.0.0")
+        if not self._is_loopback(self.host) and not spec.engine.api_key:
+            raise BakeoffError(f"refusing to bind {self.host}: a non-loopback address needs engines.<name>.api_key")
+        self.process: ManagedProcess | None = None
+
+    @staticmethod
+    def _is_loopback(host: str) -> bool:
+        try:
+            return ipaddress.ip_address(host).is_loopback
+        except ValueError:
+            return host == "localhost"
+
+    # --- what each plugin defines -------------------------------------------------
+    @abc.abstractmethod
+    def command(self) -> list[str]:
+        """The server command line, built from config."""
+
+    def env(self) -> dict[str, str] | None:
+        """Environment for the server (None: inherit)."""
+        return None
+
+    @abc.abstractmethod
+    def versions(self) -> dict[str, str]:
+        """Pinned versions of what serves the requests (recorded with every result)."""
+
+    def capabilities(self) -> dict[str, Any]:
+        """What this engine can serve, for planning and for 'unsupported' rows."""
+        return {"serves": self.serves}
+
+    # --- lifecycle, shared ---------------------------------------------------------
+    @property
+    def base_url(self) -> str:
+        host = "127.0.0.1" if self.host in ("0.0.0.0", "::") else self.host
+        return f"http://{host}:{self.port}"
+
+    def start(self) -> Engine:
+        self.process = ManagedProcess(self.command(), self.spec.log_path, env=self.env()).start()
+        return self
+
+    def ready(self, timeout_s: float | None = None) -> float:
+        """Block until the health endpoint answers; raises ServerStartError with the log tail."""
+        assert self.process is not None, "start() first"
+        return self.process.wait_healthy(self.base_url + self.health_path, timeout_s or self.spec.engine.startup_timeout_s)
+
+    def alive(self) -> bool:
+        return self.process is not None and self.process.alive()
+
+    def stop(self) -> None:
+        if self.process is not None:
+            self.process.stop()
+
+    def pid(self) -> int | None:
+        return self.process.pid if self.process else None
+
+    def failure_reason(self) -> str:
+        return engine_error_line(tail(self.spec.log_path, 400))
+
+    def __enter__(self) -> Engine:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+__all__ = ["ENGINES", "Engine", "ServerSpec", "ServerStartError", "engine_error_line", "get_engine", "register"]

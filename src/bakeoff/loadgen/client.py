@@ -1,0 +1,96 @@
+"""One streaming request against an OpenAI-compatible ``/v1/completions`` endpoint.
+
+The request asks for exactly ``output_len`` tokens (``max_tokens`` plus
+``ignore_eos``), temperature 0, streamed, with ``stream_options.include_usage``
+so the server itself reports token counts. Timing follows
+:mod:`bakeoff.loadgen.metrics`.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from typing import Any
+
+import aiohttp
+
+from bakeoff.loadgen.metrics import RequestRecord
+
+
+def payload(model: str, prompt: str, output_len: int, temperature: float = 0.0) -> dict[str, Any]:
+    return {
+        "model": model,
+        "prompt": prompt,
+        "max_tokens": output_len,
+        "temperature": temperature,
+        "ignore_eos": True,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+
+
+async def send(
+    session: aiohttp.ClientSession,
+    url: str,
+    model: str,
+    prompt: str,
+    record: RequestRecord,
+    t0: float,
+    temperature: float = 0.0,
+    headers: dict[str, str] | None = None,
+    count_tokens: Callable[[str], int] | None = None,
+) -> RequestRecord:
+    """Fill ``record`` in place from one streamed completion; never raises on HTTP/stream errors."""
+    body = payload(model, prompt, record.output_len, temperature)
+    text_parts: list[str] = []
+    usage: dict[str, Any] | None = None
+    start = time.perf_counter()
+    record.start = start - t0
+    last = start
+    try:
+        async with session.post(url, json=body, headers=headers) as resp:
+            if resp.status != 200:
+                record.error = f"HTTP {resp.status}: {(await resp.text())[:200]}"
+                return record
+            buf = b""
+            async for chunk in resp.content.iter_any():
+                buf += chunk
+                while b"\n" in buf:
+                    line, buf = buf.split(b"\n", 1)
+                    line = line.strip()
+                    if not line.startswith(b"data:"):
+                        continue
+                    data = line[5:].strip()
+                    if data == b"[DONE]":
+                        continue
+                    msg = json.loads(data)
+                    if msg.get("usage"):
+                        usage = msg["usage"]
+                    choices = msg.get("choices") or []
+                    text = choices[0].get("text", "") if choices else ""
+                    if text:
+                        now = time.perf_counter()
+                        if not text_parts:
+                            record.ttft = now - start
+                        else:
+                            record.itl.append(now - last)
+                        last = now
+                        text_parts.append(text)
+        record.e2el = time.perf_counter() - start
+    except (aiohttp.ClientError, TimeoutError, ConnectionError, json.JSONDecodeError) as e:
+        record.error = f"{type(e).__name__}: {e}"[:300]
+        return record
+    record.generated_text = "".join(text_parts)
+    if usage and usage.get("completion_tokens") is not None:
+        record.output_tokens = int(usage["completion_tokens"])
+        record.prompt_tokens = usage.get("prompt_tokens")
+        record.tokens_from = "usage"
+    elif count_tokens is not None:
+        record.output_tokens = count_tokens(record.generated_text)
+        record.tokens_from = "client-tokenizer"
+    if not text_parts:
+        record.error = "stream ended without content"
+        return record
+    record.success = True
+    return record

@@ -1,0 +1,115 @@
+"""The metric definitions. Every number bakeoff reports for a load cell comes from here.
+
+They follow vLLM's ``vllm bench serve`` (benchmarks/serve.py), so numbers are
+comparable with that tool and across engines:
+
+* **TTFT** -- time to first token: from sending the request to the first
+  streamed chunk that carries content.
+* **TPOT** -- time per output token, per request, excluding the first token:
+  ``(E2EL - TTFT) / (output_tokens - 1)``; requests with one output token
+  have none.
+* **ITL** -- inter-token latency: the gaps between successive content chunks,
+  pooled across all requests (a chunk may carry several tokens; like vLLM we
+  measure chunk gaps).
+* **E2EL** -- end-to-end latency of a request, send to last byte.
+* **Token counts** -- from the server's ``usage`` (``stream_options.include_usage``);
+  the client tokenizer only when the server sends no usage.
+* **Duration** -- first dispatch to last completion of the measured requests
+  (warm-up excluded).
+* **Throughput** -- completed requests / duration, output tokens / duration,
+  (input + output) tokens / duration.
+* **Statistics** -- mean, median, std, p90, p99 (numpy, linear percentiles),
+  reported in milliseconds with flat keys such as ``median_ttft_ms``.
+* **Goodput** -- requests per second that meet every configured SLO
+  (``{"ttft": ms, "tpot": ms, "e2el": ms}``), as in ``--goodput``.
+* **Failed requests** -- counted with their error strings and excluded from
+  every latency statistic and from throughput.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+
+PERCENTILES = (90, 99)
+STAT_METRICS = ("ttft", "tpot", "itl", "e2el")
+
+
+@dataclass
+class RequestRecord:
+    """One request as the client saw it. Times are seconds; ``start`` is relative to the cell's t0."""
+
+    index: int
+    prompt_len: int
+    output_len: int  # requested max_tokens
+    start: float = 0.0
+    success: bool = False
+    ttft: float = 0.0
+    e2el: float = 0.0
+    itl: list[float] = field(default_factory=list)
+    prompt_tokens: int | None = None  # server-reported
+    output_tokens: int = 0  # server-reported when available
+    tokens_from: str = "usage"  # "usage" or "client-tokenizer"
+    error: str = ""
+    generated_text: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @property
+    def tpot(self) -> float | None:
+        if self.output_tokens > 1:
+            return (self.e2el - self.ttft) / (self.output_tokens - 1)
+        return None
+
+
+def _stats(name: str, values_s: list[float]) -> dict[str, float]:
+    arr = np.asarray(values_s, dtype=float) * 1000.0
+    if arr.size == 0:
+        out = {f"mean_{name}_ms": float("nan"), f"median_{name}_ms": float("nan"), f"std_{name}_ms": float("nan")}
+        out.update({f"p{p}_{name}_ms": float("nan") for p in PERCENTILES})
+        return out
+    out = {f"mean_{name}_ms": float(arr.mean()), f"median_{name}_ms": float(np.median(arr)),
+           f"std_{name}_ms": float(arr.std())}
+    out.update({f"p{p}_{name}_ms": float(np.percentile(arr, p)) for p in PERCENTILES})
+    return out
+
+
+def summarize(records: list[RequestRecord], duration_s: float, slos_ms: dict[str, float] | None = None) -> dict[str, Any]:
+    """Flat metric dict for one cell (keys as in ``vllm bench serve``)."""
+    ok = [r for r in records if r.success]
+    failed = [r for r in records if not r.success]
+    out_tokens = sum(r.output_tokens for r in ok)
+    in_tokens = sum(r.prompt_tokens if r.prompt_tokens is not None else r.prompt_len for r in ok)
+    per = {
+        "ttft": [r.ttft for r in ok],
+        "tpot": [t for r in ok if (t := r.tpot) is not None],
+        "itl": [g for r in ok for g in r.itl],
+        "e2el": [r.e2el for r in ok],
+    }
+    res: dict[str, Any] = {
+        "num_requests": len(records),
+        "completed": len(ok),
+        "failed": len(failed),
+        "errors": dict(Counter(r.error for r in failed)),
+        "duration_s": duration_s,
+        "total_input_tokens": in_tokens,
+        "total_output_tokens": out_tokens,
+        "request_throughput": len(ok) / duration_s if duration_s > 0 else float("nan"),
+        "output_throughput": out_tokens / duration_s if duration_s > 0 else float("nan"),
+        "total_token_throughput": (in_tokens + out_tokens) / duration_s if duration_s > 0 else float("nan"),
+        "tokens_from_usage": all(r.tokens_from == "usage" for r in ok),
+    }
+    for name in STAT_METRICS:
+        res.update(_stats(name, per[name]))
+    if slos_ms:
+        good = 0
+        for r in ok:
+            values = {"ttft": r.ttft, "tpot": r.tpot, "e2el": r.e2el}
+            if all(values[k] is not None and values[k] * 1000.0 <= v for k, v in slos_ms.items()):
+                good += 1
+        res["request_goodput"] = good / duration_s if duration_s > 0 else float("nan")
+    return res

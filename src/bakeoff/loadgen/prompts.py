@@ -1,0 +1,48 @@
+"""Prompts of an exact token length, built from random tokens with the model's own tokenizer.
+
+Why random tokens: content-free prompts measure the serving stack, not the
+text. Why the model's tokenizer: "128 tokens" must mean 128 tokens to the
+engine. Each prompt starts with a unique marker, so no prefix cache can share
+work between requests and inflate the results. The text is decoded and
+re-encoded until it round-trips to exactly the requested length (the way
+vLLM's random dataset does it).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from bakeoff.errors import BakeoffError
+
+
+def _vocab_ids(tokenizer: Any) -> np.ndarray:
+    special = set(getattr(tokenizer, "all_special_ids", []) or [])
+    ids = [i for i in range(len(tokenizer)) if i not in special]
+    return np.asarray(ids)
+
+
+def exact_length_prompt(tokenizer: Any, length: int, rng: np.random.Generator, marker: str, vocab: np.ndarray) -> str:
+    """A text of exactly ``length`` tokens (no special tokens added) starting with ``marker``."""
+    prefix = tokenizer.encode(marker, add_special_tokens=False)
+    if len(prefix) >= length:
+        raise BakeoffError(f"prompt length {length} is too short for its unique marker ({len(prefix)} tokens)")
+    ids = prefix + rng.choice(vocab, size=length - len(prefix)).tolist()
+    for _ in range(16):
+        text = tokenizer.decode(ids)
+        re_ids = tokenizer.encode(text, add_special_tokens=False)
+        if len(re_ids) == length:
+            return text
+        if len(re_ids) > length:
+            ids = re_ids[:length]
+        else:
+            ids = re_ids + rng.choice(vocab, size=length - len(re_ids)).tolist()
+    raise BakeoffError(f"could not build a prompt that round-trips to exactly {length} tokens")
+
+
+def make_prompts(tokenizer: Any, length: int, count: int, seed: int = 0, tag: str = "") -> list[str]:
+    """``count`` distinct prompts of ``length`` tokens; deterministic for a seed."""
+    rng = np.random.default_rng(seed)
+    vocab = _vocab_ids(tokenizer)
+    return [exact_length_prompt(tokenizer, length, rng, f"{tag}{i}:", vocab) for i in range(count)]

@@ -1,0 +1,123 @@
+"""Drive one load cell: warm-up, then fixed concurrency or a Poisson arrival rate.
+
+Besides request records it reports the client's own health -- event-loop lag
+(p99) and client CPU time -- so a saturated client cannot pass for a slow
+server.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import resource
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+import numpy as np
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from bakeoff.loadgen.client import send
+from bakeoff.loadgen.metrics import RequestRecord
+
+
+@dataclass
+class CellResult:
+    records: list[RequestRecord]
+    duration_s: float
+    client: dict[str, float] = field(default_factory=dict)
+
+
+def _cpu_seconds() -> float:
+    ru = resource.getrusage(resource.RUSAGE_SELF)
+    return ru.ru_utime + ru.ru_stime
+
+
+async def _lag_monitor(samples: list[float], stop: asyncio.Event, interval: float = 0.01) -> None:
+    loop = asyncio.get_running_loop()
+    while not stop.is_set():
+        t = loop.time()
+        await asyncio.sleep(interval)
+        samples.append(max(0.0, loop.time() - t - interval))
+
+
+async def run_cell_async(
+    base_url: str,
+    model: str,
+    prompts: list[str],
+    prompt_len: int,
+    output_len: int,
+    concurrency: int,
+    request_rate: float | None = None,
+    warmup_prompts: list[str] | None = None,
+    temperature: float = 0.0,
+    api_key: str | None = None,
+    timeout_s: float = 600.0,
+    seed: int = 0,
+    count_tokens: Callable[[str], int] | None = None,
+    label: str = "",
+    show_progress: bool = True,
+) -> CellResult:
+    url = base_url.rstrip("/") + "/v1/completions"
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else None
+    # One connection per request: servers differ in keep-alive handling (llama-server drops idle
+    # connections, which a pooled client would see as "Server disconnected"); loopback connects are cheap.
+    connector = aiohttp.TCPConnector(limit=0, force_close=True)
+    timeout = aiohttp.ClientTimeout(total=timeout_s)
+    async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
+        # Warm-up: not counted, run at the cell's concurrency so every slot is touched.
+        if warmup_prompts:
+            sem = asyncio.Semaphore(concurrency)
+
+            async def warm(p: str, i: int) -> None:
+                async with sem:
+                    await send(session, url, model, p, RequestRecord(-1 - i, prompt_len, output_len),
+                               time.perf_counter(), temperature, headers, count_tokens)
+
+            await asyncio.gather(*(warm(p, i) for i, p in enumerate(warmup_prompts)))
+
+        records = [RequestRecord(i, prompt_len, output_len) for i in range(len(prompts))]
+        lag: list[float] = []
+        stop = asyncio.Event()
+        monitor = asyncio.create_task(_lag_monitor(lag, stop))
+        sem = asyncio.Semaphore(concurrency)
+        done_times: list[float] = []
+        progress = Progress(TextColumn(f"[bold]{label}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                            disable=not show_progress, transient=False)
+        cpu0 = _cpu_seconds()
+        with progress:
+            task = progress.add_task(label, total=len(prompts))
+            t0 = time.perf_counter()
+
+            async def one(i: int) -> None:
+                async with sem:
+                    await send(session, url, model, prompts[i], records[i], t0, temperature, headers, count_tokens)
+                    done_times.append(time.perf_counter())
+                    progress.advance(task)
+
+            if request_rate is None:
+                await asyncio.gather(*(one(i) for i in range(len(prompts))))
+            else:
+                rng = np.random.default_rng(seed)
+                tasks = []
+                for i in range(len(prompts)):
+                    tasks.append(asyncio.create_task(one(i)))
+                    await asyncio.sleep(float(rng.exponential(1.0 / request_rate)))
+                await asyncio.gather(*tasks)
+        cpu = _cpu_seconds() - cpu0
+        stop.set()
+        await monitor
+    first = t0 + min(r.start for r in records)
+    duration = (max(done_times) - first) if done_times else 0.0
+    streamed = sum(r.output_tokens for r in records if r.success)
+    client = {
+        "client_cpu_s": cpu,
+        "client_cpu_s_per_1k_tokens": 1000.0 * cpu / streamed if streamed else float("nan"),
+        "client_loop_lag_p99_ms": float(np.percentile(lag, 99) * 1000.0) if lag else 0.0,
+    }
+    return CellResult(records, duration, client)
+
+
+def run_cell(**kwargs: Any) -> CellResult:
+    return asyncio.run(run_cell_async(**kwargs))

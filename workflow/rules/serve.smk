@@ -1,0 +1,22 @@
+# One job per server config: start the engine once, run all its load cells, stop it.
+# threads = all cores, so a measurement never shares the machine with another job.
+
+
+rule serve_load:
+    input:
+        unpack(serve_inputs),
+    output:
+        CELLS,
+    params:
+        spec=serve_spec,
+        toolchain=toolchain_arg,
+    threads: workflow.cores
+    log:
+        "logs/results/raw/{experiment}/{model}/{engine}-{format}.log",
+    benchmark:
+        "logs/bench/results/raw/{experiment}/{model}/{engine}-{format}.tsv"
+    conda:
+        "../../envs/bakeoff.yaml"
+    shell:
+        "bakeoff stage serve-load --spec {params.spec:q} --format {wildcards.format} --input {input.model}"
+        " --tokenizer {input.tokenizer} {params.toolchain} --out {output} > {log} 2>&1"
