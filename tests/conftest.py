@@ -46,3 +46,30 @@ def toolchain(models: Path) -> Path:
     dirs = [d for d in (ROOT / "build" / "llamacpp").iterdir() if d.name.endswith("-cpu") and (d / "manifest.json").exists()]
     assert len(dirs) == 1, dirs
     return dirs[0]
+
+
+SERVER_MARKERS = ("llama-server", "vllm.entrypoints.openai.api_server", "llama_cpp.server")
+
+
+def _server_pids() -> set[int]:
+    import psutil
+
+    pids = set()
+    for p in psutil.process_iter(["pid", "cmdline"]):
+        cmd = " ".join(p.info.get("cmdline") or [])
+        if any(m in cmd for m in SERVER_MARKERS):
+            pids.add(p.info["pid"])
+    return pids
+
+
+@pytest.fixture(scope="session", autouse=True)
+def no_server_outlives_the_tests():
+    """Every server a test (or the pipeline) starts must be gone when the session ends."""
+    import time
+
+    before = _server_pids()
+    yield
+    deadline = time.monotonic() + 30
+    while (left := _server_pids() - before) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert not left, f"server processes outlived the tests: {sorted(left)}"

@@ -141,6 +141,16 @@ class ExperimentCfg(_Strict):
     variants: dict[str, list[str]] = Field(min_length=1)
 
 
+def request_context(e: EngineCfg, model_max_context: int | None = None) -> int:
+    """Tokens one request may use on this engine: vLLM's max_model_len; llama.cpp's ctx_size / parallel slots."""
+    cap = model_max_context or 1 << 30
+    if e.plugin == "vllm":
+        ctx = int(e.settings.get("max_model_len") or cap)
+    else:
+        ctx = int(e.settings.get("ctx_size") or cap) // max(1, int(e.settings.get("parallel") or 1))
+    return min(ctx, cap)
+
+
 class Config(_Strict):
     model: ModelCfg
     hardware: HardwareCfg
@@ -175,11 +185,7 @@ class Config(_Strict):
 
     def _check_context(self, name: str, e: EngineCfg) -> None:
         need = max(self.load.prompt_len) + self.load.output_len
-        if e.plugin == "vllm":
-            ctx = int(e.settings.get("max_model_len") or self.model.max_context)
-        else:
-            ctx = int(e.settings.get("ctx_size", self.model.max_context)) // max(1, int(e.settings.get("parallel", 1)))
-        ctx = min(ctx, self.model.max_context)
+        ctx = request_context(e, self.model.max_context)
         if need > ctx:
             raise ValueError(
                 f"load.prompt_len {max(self.load.prompt_len)} + load.output_len {self.load.output_len} = {need} tokens "

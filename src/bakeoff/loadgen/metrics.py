@@ -108,8 +108,9 @@ def summarize(records: list[RequestRecord], duration_s: float, slos_ms: dict[str
     if slos_ms:
         good = 0
         for r in ok:
-            values = {"ttft": r.ttft, "tpot": r.tpot, "e2el": r.e2el}
-            if all(values[k] is not None and values[k] * 1000.0 <= v for k, v in slos_ms.items()):
+            # as vLLM: a request with a single output token has TPOT 0 for goodput
+            values = {"ttft": r.ttft, "tpot": r.tpot or 0.0, "e2el": r.e2el}
+            if all(values[k] * 1000.0 <= v for k, v in slos_ms.items()):
                 good += 1
         res["request_goodput"] = good / duration_s if duration_s > 0 else float("nan")
     return res

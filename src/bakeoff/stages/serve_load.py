@@ -38,7 +38,7 @@ from bakeoff.loadgen.runner import run_cell
 from bakeoff.manifest import verify
 from bakeoff.memory import PeakSampler
 from bakeoff.proc import ServerStartError
-from bakeoff.schema import EngineCfg, HardwareCfg, LoadCfg
+from bakeoff.schema import EngineCfg, HardwareCfg, LoadCfg, request_context
 
 INDEX = "cells.json"
 
@@ -118,6 +118,7 @@ def run(*, engine_cfg: EngineCfg, hardware: HardwareCfg, load: LoadCfg, experime
     """Run every pending cell of one variant; returns the index written to ``cells.json``."""
     from transformers import AutoTokenizer
 
+    check_load_before_start(load, request_context(engine_cfg))
     manifest = verify(model_dir)
     verify(tokenizer_dir)
     out_dir.mkdir(parents=True, exist_ok=True)

@@ -1,0 +1,178 @@
+"""Serving and load against the real servers with the embedded model."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import shutil
+import signal
+import threading
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from bakeoff.config import load_config
+from bakeoff.engines import ServerSpec, get_engine
+from bakeoff.errors import BakeoffError
+from bakeoff.manifest import read_manifest
+from bakeoff.proc import ServerStartError
+from bakeoff.schema import LoadCfg
+from bakeoff.stages import serve_load
+
+from conftest import ROOT, _server_pids, bakeoff
+
+pytestmark = pytest.mark.slow
+ISSUE_COLUMNS = ["engine", "engine_version", "format", "model", "hardware", "concurrency", "prompt_len", "output_len",
+                 "requests", "completed", "failed", "status", "reason", "output_throughput", "request_throughput",
+                 "median_ttft_ms", "p99_ttft_ms", "median_tpot_ms", "p99_tpot_ms", "median_itl_ms", "p99_itl_ms",
+                 "median_e2el_ms", "p99_e2el_ms", "peak_rss_bytes", "weight_bytes", "bits_per_weight"]
+
+
+@pytest.fixture(scope="module")
+def summary(models: Path) -> list[dict]:
+    with open(ROOT / "results" / "summary.csv") as f:
+        return list(csv.DictReader(f))
+
+
+def test_summary_has_every_cell_of_smoke(summary: list[dict]) -> None:
+    cfg = load_config([])
+    expected = {(e, f, str(c), str(p)) for e, f in cfg.variants() for c in cfg.load.concurrency
+                for p in cfg.load.prompt_len}
+    assert {(r["engine"], r["format"], r["concurrency"], r["prompt_len"]) for r in summary} == expected
+    assert all(col in summary[0] for col in ISSUE_COLUMNS)
+
+
+def test_fp8_is_an_unsupported_row_with_the_engines_own_error(summary: list[dict]) -> None:
+    fp8 = [r for r in summary if (r["engine"], r["format"]) == ("vllm", "fp8")]
+    assert fp8 and all(r["status"] == "unsupported" for r in fp8)
+    assert all("static_scaled_fp8_quant" in r["reason"] for r in fp8)
+
+
+def test_every_other_cell_ran_and_measured(summary: list[dict]) -> None:
+    for r in summary:
+        if r["format"] == "fp8":
+            continue
+        assert r["status"] == "ok", (r["engine"], r["format"], r["concurrency"], r["reason"])
+        assert int(r["completed"]) == int(r["requests"]) and int(r["failed"]) == 0
+        assert float(r["output_throughput"]) > 0
+        assert 0 < float(r["median_ttft_ms"]) <= float(r["p99_ttft_ms"])
+        assert float(r["median_tpot_ms"]) > 0 and float(r["median_e2el_ms"]) > float(r["median_ttft_ms"])
+        assert int(r["peak_rss_bytes"]) > 0
+        assert int(r["weight_bytes"]) == read_manifest(ROOT / "models" / r["model"] / r["format"])["weight_bytes"]
+        assert r["engine_version"] in ("0.32.0", "llama.cpp@0c1e57098")
+
+
+def test_requests_are_exact_length_and_use_server_token_counts(models: Path) -> None:
+    cfg = load_config([])
+    raw = ROOT / "results" / "raw" / "smoke" / "smollm2-135m"
+    for variant in ["vllm-fp16", "llamacpp-q4_k_m"]:
+        for line in (raw / variant / "c8-p128.jsonl").read_text().splitlines():
+            rec = json.loads(line)
+            assert rec["success"] and rec["tokens_from"] == "usage"
+            assert rec["output_tokens"] == cfg.load.output_len  # ignore_eos + max_tokens
+            assert rec["prompt_tokens"] == 128, variant  # exact-length prompts
+            assert len(rec["itl"]) >= 1
+
+
+def _small_load(**kw) -> LoadCfg:
+    base = dict(concurrency=[1, 2], prompt_len=[32], output_len=48, num_requests=6, warmup_requests=0)
+    return LoadCfg(**{**base, **kw})
+
+
+def _llama_variant(models: Path, tmp_path: Path) -> dict:
+    cfg = load_config([])
+    model_dir = tmp_path / "q4_k_m"
+    shutil.copytree(models / "q4_k_m", model_dir)  # a unique path, to find this test's server
+    return dict(engine_cfg=cfg.engines["llamacpp"], hardware=cfg.hardware, experiment="t", model="smollm2-135m",
+                fmt="q4_k_m", engine_name="llamacpp", model_dir=model_dir, tokenizer_dir=models / "fp16",
+                toolchain_dir=next((ROOT / "build" / "llamacpp").glob("*-cpu")), show_progress=False)
+
+
+def _kill_server_when_busy(model_dir: Path, delay_s: float) -> threading.Thread:
+    def killer() -> None:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            for p in psutil.process_iter(["pid", "cmdline"]):
+                if str(model_dir) in " ".join(p.info["cmdline"] or []):
+                    time.sleep(delay_s)  # healthy and inside the first cell by then
+                    os.killpg(p.info["pid"], signal.SIGKILL)
+                    return
+            time.sleep(0.05)
+
+    t = threading.Thread(target=killer, daemon=True)
+    t.start()
+    return t
+
+
+def test_server_killed_mid_cell_fails_that_cell_and_rerun_redoes_only_it(models: Path, tmp_path: Path) -> None:
+    v = _llama_variant(models, tmp_path)
+    out = tmp_path / "raw"
+    killer = _kill_server_when_busy(v["model_dir"], delay_s=2.5)
+    index = serve_load.run(load=_small_load(), out_dir=out, **v)
+    killer.join()
+    status = {c["cell"]: c for c in index["cells"]}
+    assert status["c1-p32"]["status"] == "failed"
+    assert "server died mid-cell" in status["c1-p32"]["reason"]
+    assert status["c1-p32"]["failed"] >= 1
+    assert status["c2-p32"]["status"] == "ok"  # the server was restarted for the rest
+    ok_mtime = (out / "c2-p32.json").stat().st_mtime_ns
+    index2 = serve_load.run(load=_small_load(), out_dir=out, **v)
+    assert [c["status"] for c in index2["cells"]] == ["ok", "ok"]
+    assert (out / "c2-p32.json").stat().st_mtime_ns == ok_mtime, "a finished cell must not be re-run"
+
+
+def test_server_that_cannot_start_is_reported_with_its_log(models: Path, tmp_path: Path) -> None:
+    v = _llama_variant(models, tmp_path)
+    v["engine_cfg"] = v["engine_cfg"].model_copy(update={"extra_args": ["--no-such-flag"]})
+    t0 = time.monotonic()
+    index = serve_load.run(load=_small_load(), out_dir=tmp_path / "raw", **v)
+    assert time.monotonic() - t0 < 60
+    assert {c["status"] for c in index["cells"]} == {"unsupported"}
+    assert "--no-such-flag" in index["cells"][0]["reason"]
+
+
+def test_server_not_ready_within_timeout_is_stopped_with_log_tail(models: Path, tmp_path: Path) -> None:
+    cfg = load_config([])
+    e = cfg.engines["vllm"].model_copy(update={"startup_timeout_s": 3})
+    spec = ServerSpec(engine=e, hardware=cfg.hardware, model_dir=models / "fp16", served_name="m",
+                      log_path=tmp_path / "vllm.log")
+    engine = get_engine("vllm")(spec).start()
+    pid = engine.pid()
+    t0 = time.monotonic()
+    with pytest.raises(ServerStartError) as err:
+        engine.ready()
+    assert time.monotonic() - t0 < 30
+    assert "not ready after 3s" in str(err.value)
+    assert "server log tail" in str(err.value) and "vllm" in err.value.log_tail.lower()
+    assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+
+
+def test_bad_load_parameters_are_refused_before_any_server_starts(models: Path, tmp_path: Path) -> None:
+    proc = bakeoff("load", "--url", "http://127.0.0.1:9", "--model", "m", "--tokenizer", str(models / "fp16"),
+                   "--concurrency", "0")
+    assert proc.returncode == 2 and "--concurrency must be >= 1" in proc.stderr
+    before = _server_pids()
+    v = _llama_variant(models, tmp_path)
+    with pytest.raises(BakeoffError, match="exceeds"):
+        serve_load.run(load=_small_load(prompt_len=[3000]), out_dir=tmp_path / "raw", **v)
+    assert not (tmp_path / "raw" / "server.log").exists()
+    assert _server_pids() == before
+
+
+def test_cli_load_runs_against_any_openai_server(models: Path, tmp_path: Path) -> None:
+    cfg = load_config([])
+    spec = ServerSpec(engine=cfg.engines["llamacpp"], hardware=cfg.hardware, model_dir=models / "q8_0",
+                      served_name="smol", log_path=tmp_path / "server.log",
+                      toolchain_dir=next((ROOT / "build" / "llamacpp").glob("*-cpu")))
+    with get_engine("llamacpp")(spec) as engine:
+        engine.ready(120)
+        proc = bakeoff("load", "--url", engine.base_url, "--model", "smol", "--tokenizer", str(models / "fp16"),
+                       "--concurrency", "2", "--prompt-len", "64", "--output-len", "16", "--num-requests", "4",
+                       "--records", str(tmp_path / "r.jsonl"))
+    assert proc.returncode == 0, proc.stderr
+    m = json.loads(proc.stdout[proc.stdout.index("{"):])
+    assert m["completed"] == 4 and m["total_output_tokens"] == 64
+    assert len((tmp_path / "r.jsonl").read_text().splitlines()) == 4
