@@ -24,6 +24,7 @@ import json
 import os
 import signal
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -77,12 +78,33 @@ def _write_jsonl(path: Path, rows: list[dict]) -> None:
     tmp.replace(path)
 
 
-class _Terminated(Exception):
-    pass
+class Interrupted(BakeoffError):
+    """The stage was signalled (Ctrl-C, SIGTERM, its launcher died); the server has been stopped."""
 
 
 def _on_signal(signum: int, _frame: Any) -> None:
-    raise _Terminated(f"received signal {signum}")
+    raise Interrupted(f"interrupted by signal {signum}; the server was stopped and finished cells were kept")
+
+
+def _watch_ancestors(interval_s: float = 1.0) -> None:
+    """SIGTERM ourselves if whoever launched us dies (e.g. snakemake killed with SIGKILL).
+
+    The server lives in its own process group, so it never sees the signals
+    that end its launcher; this turns the launcher's death into our orderly stop.
+    """
+    import psutil
+
+    me = psutil.Process()
+    ancestors = [p for p in me.parents() if p.pid != 1]
+
+    def loop() -> None:
+        while True:
+            time.sleep(interval_s)
+            if any(not p.is_running() for p in ancestors):
+                os.kill(me.pid, signal.SIGTERM)
+                return
+
+    threading.Thread(target=loop, daemon=True, name="ancestor-watch").start()
 
 
 class Session:
@@ -139,6 +161,7 @@ def run(*, engine_cfg: EngineCfg, hardware: HardwareCfg, load: LoadCfg, experime
 
     pending = [c for c in cells if not done(c)]
     old = {s: signal.signal(s, _on_signal) for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)}
+    _watch_ancestors()
     try:
         if pending:
             _run_pending(session, pending, base, load, tokenizer, out_dir, slos_ms, show_progress,
