@@ -86,6 +86,13 @@ def _on_signal(signum: int, _frame: Any) -> None:
     raise Interrupted(f"interrupted by signal {signum}; the server was stopped and finished cells were kept")
 
 
+def _cmd(p: Any) -> list[str]:
+    try:
+        return p.cmdline()
+    except Exception:
+        return []
+
+
 def _watch_ancestors(interval_s: float = 1.0) -> None:
     """SIGTERM ourselves if whoever launched us dies (e.g. snakemake killed with SIGKILL).
 
@@ -95,7 +102,17 @@ def _watch_ancestors(interval_s: float = 1.0) -> None:
     import psutil
 
     me = psutil.Process()
-    ancestors = [p for p in me.parents() if p.pid != 1]
+    ancestors: list[psutil.Process] = []
+    for p in me.parents():  # up to the snakemake that launched us; not the shells above it
+        if p.pid == 1:
+            break
+        ancestors.append(p)
+        try:
+            if "snakemake" in " ".join(p.cmdline()):
+                break
+        except psutil.Error:
+            break
+    ancestors = ancestors if any("snakemake" in " ".join(_cmd(p)) for p in ancestors) else ancestors[:1]
 
     def loop() -> None:
         while True:
