@@ -176,3 +176,45 @@ def test_cli_load_runs_against_any_openai_server(models: Path, tmp_path: Path) -
     m = json.loads(proc.stdout[proc.stdout.index("{"):])
     assert m["completed"] == 4 and m["total_output_tokens"] == 64
     assert len((tmp_path / "r.jsonl").read_text().splitlines()) == 4
+
+
+@pytest.mark.parametrize("how", ["ctrl-c", "kill-9"])
+def test_interrupting_snakemake_leaves_no_server(models: Path, how: str) -> None:
+    """Ctrl-C on the whole job group, or SIGKILL of snakemake alone: the server must go either way."""
+    import subprocess
+    import sys as _sys
+
+    exp = f"interrupt-{how.replace('-', '')}"
+    out = ROOT / "results" / "raw" / exp
+    shutil.rmtree(out, ignore_errors=True)
+    target = f"results/raw/{exp}/smollm2-135m/llamacpp-q4_k_m/cells.json"
+    overrides = (f"experiment.name={exp} experiment.variants={{llamacpp:[q4_k_m]}} load.concurrency=[1] "
+                 "load.prompt_len=[32] load.output_len=200 load.num_requests=50")
+    bindir = Path(_sys.executable).parent
+    env = {**os.environ, "PATH": f"{bindir}{os.pathsep}{os.environ['PATH']}"}
+    before = _server_pids()
+    proc = subprocess.Popen([str(bindir / "snakemake"), "--cores", "2", target, "--config", f"overrides={overrides}"],
+                            cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 180
+        while not (_server_pids() - before) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert _server_pids() - before, "the server never started"
+        time.sleep(3)  # load is running
+        if how == "ctrl-c":
+            os.killpg(proc.pid, signal.SIGINT)  # what a terminal does: the whole foreground group
+        else:
+            os.kill(proc.pid, signal.SIGKILL)  # snakemake alone, without a chance to clean up
+        deadline = time.monotonic() + 60
+        while (_server_pids() - before) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not (_server_pids() - before), "a server outlived the interrupted pipeline"
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=60)
+        subprocess.run([str(bindir / "snakemake"), "--unlock", "--cores", "1"], cwd=ROOT, env=env,
+                       capture_output=True)
+        shutil.rmtree(out, ignore_errors=True)
+        shutil.rmtree(ROOT / "logs" / "results" / "raw" / exp, ignore_errors=True)
+        shutil.rmtree(ROOT / "logs" / "bench" / "results" / "raw" / exp, ignore_errors=True)
