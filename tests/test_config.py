@@ -37,10 +37,10 @@ def test_default_is_smoke_on_cpu_with_embedded_model() -> None:
     assert cfg.experiment.name == "smoke"
     assert cfg.hardware.backend == "cpu"
     assert cfg.model.source == "embedded"
-    assert cfg.variants() == [("vllm", "fp16"), ("vllm", "fp8"), ("vllm", "fp8-dynamic"), ("vllm", "fp8-dequant"),
+    assert cfg.variants() == [("vllm", "fp16"), ("vllm", "fp8"), ("vllm", "fp8-dequant"),
                               ("llamacpp", "f16"), ("llamacpp", "q8_0"), ("llamacpp", "q4_k_m")]
     # fp8-dequant needs fp8 needs fp16; q8_0 needs f16
-    assert cfg.needed_formats() == ["fp16", "fp8", "fp8-dynamic", "fp8-dequant", "f16", "q8_0", "q4_k_m"]
+    assert cfg.needed_formats() == ["fp16", "fp8", "fp8-dequant", "f16", "q8_0", "q4_k_m"]
 
 
 def test_blog_v100_is_the_seed_experiment() -> None:
