@@ -15,7 +15,7 @@ from safetensors import safe_open
 from bakeoff.manifest import read_manifest, verify
 from bakeoff.proc import ManagedProcess, free_port
 
-from conftest import FORMATS, ROOT, bakeoff, snakemake
+from conftest import FORMATS, bakeoff, snakemake
 
 pytestmark = pytest.mark.slow
 PROMPT = "The capital of France is"
