@@ -48,16 +48,21 @@ def toolchain(models: Path) -> Path:
     return dirs[0]
 
 
-SERVER_MARKERS = ("llama-server", "vllm.entrypoints.openai.api_server", "llama_cpp.server")
+def _is_server(argv: list[str]) -> bool:
+    """A server process itself (not a command line that merely mentions one)."""
+    if not argv:
+        return False
+    if Path(argv[0]).name == "llama-server":
+        return True
+    return any(a in ("vllm.entrypoints.openai.api_server", "llama_cpp.server") for a in argv[1:3])
 
 
 def _server_pids() -> set[int]:
     import psutil
 
     pids = set()
-    for p in psutil.process_iter(["pid", "cmdline"]):
-        cmd = " ".join(p.info.get("cmdline") or [])
-        if any(m in cmd for m in SERVER_MARKERS):
+    for p in psutil.process_iter(["pid", "cmdline", "status"]):
+        if p.info.get("status") != psutil.STATUS_ZOMBIE and _is_server(p.info.get("cmdline") or []):
             pids.add(p.info["pid"])
     return pids
 

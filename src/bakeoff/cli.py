@@ -122,7 +122,7 @@ def _cmd_stage(a: argparse.Namespace) -> None:
             fmt=a.format, engine_name=spec["engine_name"], model_dir=_dir(a.input), tokenizer_dir=_dir(a.tokenizer),
             out_dir=Path(a.out).parent, toolchain_dir=_dir(a.toolchain) if a.toolchain else None,
             slos_ms=schema.LoadCfg.model_validate(spec["load"]).slo_ms.as_dict() or None,
-            show_progress=sys.stderr.isatty())
+            show_progress=sys.stderr.isatty(), launcher_pid=a.watch_pid)
     else:  # argparse restricts choices; kept for type checkers
         raise BakeoffError(f"unknown stage {name!r}")
 
@@ -174,6 +174,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--toolchain", help="built llama.cpp toolchain artifact")
     s.add_argument("--tokenizer", help="HF checkpoint whose tokenizer builds the prompts")
     s.add_argument("--format", help="format name of the output")
+    s.add_argument("--watch-pid", type=int, default=None,
+                   help="stop (and stop the server) when this process -- the launching snakemake -- dies")
     s.add_argument("--jobs", type=int, default=None, help="parallel build/quantize threads")
     s.set_defaults(func=_cmd_stage)
     return p

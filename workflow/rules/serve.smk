@@ -1,4 +1,5 @@
 # One job per server config: start the engine once, run all its load cells, stop it.
+# $PPID (of the job shell) is snakemake: if it dies, even by SIGKILL, the stage stops its server.
 # threads = all cores, so a measurement never shares the machine with another job.
 
 
@@ -19,4 +20,4 @@ rule serve_load:
         "../../envs/bakeoff.yaml"
     shell:
         "bakeoff stage serve-load --spec {params.spec:q} --format {wildcards.format} --input {input.model}"
-        " --tokenizer {input.tokenizer} {params.toolchain} --out {output} > {log} 2>&1"
+        " --tokenizer {input.tokenizer} {params.toolchain} --out {output} --watch-pid $PPID > {log} 2>&1"

@@ -86,42 +86,34 @@ def _on_signal(signum: int, _frame: Any) -> None:
     raise Interrupted(f"interrupted by signal {signum}; the server was stopped and finished cells were kept")
 
 
-def _cmd(p: Any) -> list[str]:
-    try:
-        return p.cmdline()
-    except Exception:
-        return []
-
-
-def _watch_ancestors(interval_s: float = 1.0) -> None:
-    """SIGTERM ourselves if whoever launched us dies (e.g. snakemake killed with SIGKILL).
-
-    The server lives in its own process group, so it never sees the signals
-    that end its launcher; this turns the launcher's death into our orderly stop.
-    """
+def _alive(pid: int) -> bool:
+    """Running and not a zombie (a killed launcher stays a zombie until its own parent reaps it)."""
     import psutil
 
-    me = psutil.Process()
-    ancestors: list[psutil.Process] = []
-    for p in me.parents():  # up to the snakemake that launched us; not the shells above it
-        if p.pid == 1:
-            break
-        ancestors.append(p)
-        try:
-            if "snakemake" in " ".join(p.cmdline()):
-                break
-        except psutil.Error:
-            break
-    ancestors = ancestors if any("snakemake" in " ".join(_cmd(p)) for p in ancestors) else ancestors[:1]
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+def watch_launcher(pid: int | None, interval_s: float = 0.5) -> None:
+    """SIGTERM ourselves once ``pid`` (the launching snakemake; default: our parent) is gone.
+
+    The server lives in its own process group, so it never sees the signals
+    that end its launcher; this turns the launcher's death -- even SIGKILL --
+    into our orderly stop. A launcher already gone when we start counts too.
+    """
+    target = pid or os.getppid()
+    me = os.getpid()
 
     def loop() -> None:
         while True:
-            time.sleep(interval_s)
-            if any(not p.is_running() for p in ancestors):
-                os.kill(me.pid, signal.SIGTERM)
+            if not _alive(target) or (pid is None and os.getppid() != target):
+                os.kill(me, signal.SIGTERM)
                 return
+            time.sleep(interval_s)
 
-    threading.Thread(target=loop, daemon=True, name="ancestor-watch").start()
+    threading.Thread(target=loop, daemon=True, name="launcher-watch").start()
 
 
 class Session:
@@ -153,8 +145,24 @@ class Session:
 
 def run(*, engine_cfg: EngineCfg, hardware: HardwareCfg, load: LoadCfg, experiment: str, model: str, fmt: str,
         engine_name: str, model_dir: Path, tokenizer_dir: Path, out_dir: Path, toolchain_dir: Path | None,
-        slos_ms: dict[str, float] | None = None, show_progress: bool = True) -> dict[str, Any]:
+        slos_ms: dict[str, float] | None = None, show_progress: bool = True,
+        launcher_pid: int | None = None) -> dict[str, Any]:
     """Run every pending cell of one variant; returns the index written to ``cells.json``."""
+    old = {s: signal.signal(s, _on_signal) for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)}
+    if launcher_pid is not None:
+        watch_launcher(launcher_pid)
+    try:
+        return _run(engine_cfg=engine_cfg, hardware=hardware, load=load, experiment=experiment, model=model, fmt=fmt,
+                    engine_name=engine_name, model_dir=model_dir, tokenizer_dir=tokenizer_dir, out_dir=out_dir,
+                    toolchain_dir=toolchain_dir, slos_ms=slos_ms, show_progress=show_progress)
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+
+
+def _run(*, engine_cfg: EngineCfg, hardware: HardwareCfg, load: LoadCfg, experiment: str, model: str, fmt: str,
+         engine_name: str, model_dir: Path, tokenizer_dir: Path, out_dir: Path, toolchain_dir: Path | None,
+         slos_ms: dict[str, float] | None, show_progress: bool) -> dict[str, Any]:
     from transformers import AutoTokenizer
 
     check_load_before_start(load, request_context(engine_cfg))
@@ -177,16 +185,12 @@ def run(*, engine_cfg: EngineCfg, hardware: HardwareCfg, load: LoadCfg, experime
         return p.exists() and json.loads(p.read_text()).get("status") in ("ok", "unsupported")
 
     pending = [c for c in cells if not done(c)]
-    old = {s: signal.signal(s, _on_signal) for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)}
-    _watch_ancestors()
     try:
         if pending:
             _run_pending(session, pending, base, load, tokenizer, out_dir, slos_ms, show_progress,
                          gpu=hardware.backend == "cuda")
     finally:
         session.stop()
-        for s, h in old.items():
-            signal.signal(s, h)
     index = {"variant": base, "cells": [json.loads((out_dir / f"{c.name}.json").read_text()) for c in cells]}
     _write_json(out_dir / INDEX, index)
     return index
