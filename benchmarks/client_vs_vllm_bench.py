@@ -120,7 +120,7 @@ def main() -> int:
                "cpu_s_per_1k_tokens": (0.0, 0.5)}
     for k, (lo, hi) in targets.items():
         report[k]["target"] = [lo, hi]
-        report[k]["met"] = lo <= report[k]["ratio"] <= hi
+        report[k]["met"] = bool(lo <= report[k]["ratio"] <= hi)
     report["settings"] = vars(a)
     report["runs"] = runs
     out.write_text(json.dumps(report, indent=2) + "\n")
