@@ -34,7 +34,7 @@ def _cpu_seconds() -> float:
     return ru.ru_utime + ru.ru_stime
 
 
-async def _lag_monitor(samples: list[float], stop: asyncio.Event, interval: float = 0.01) -> None:
+async def _lag_monitor(samples: list[float], stop: asyncio.Event, interval: float = 0.05) -> None:
     loop = asyncio.get_running_loop()
     while not stop.is_set():
         t = loop.time()
