@@ -1,7 +1,7 @@
-"""Instruction-set flags for building llama.cpp without ``-march=native``.
+"""Instruction-set flags for building llama.cpp without native CPU detection.
 
 Why: on the CI/dev machines cpuid advertises AMX but the kernel does not enable
-it, so ``GGML_NATIVE=ON`` builds die with SIGILL. We read what the *kernel*
+it, so native (host-detected) builds die with SIGILL. We read what the *kernel*
 reports in /proc/cpuinfo and turn on exactly those ggml ISA switches. AMX is
 never enabled, whatever cpuinfo says: ggml's AMX path needs kernel permission
 (arch_prctl) that cpuinfo does not prove.

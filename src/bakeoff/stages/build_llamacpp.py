@@ -2,7 +2,7 @@
 
 Static binaries (BUILD_SHARED_LIBS=OFF) so the finished ``bin/`` can be renamed
 into place and cached as one artifact. CPU code is compiled for the instruction
-sets /proc/cpuinfo lists, never ``-march=native`` (SIGILL on machines whose
+sets /proc/cpuinfo lists, never host-detected native flags (SIGILL on machines whose
 cpuid advertises AMX the kernel does not enable). CUDA builds take their
 ``CMAKE_CUDA_ARCHITECTURES`` from the hardware config (70 V100, 90 H100/H200).
 Nothing in the build may reach the network: the prebuilt web UI download and
