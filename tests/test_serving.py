@@ -218,3 +218,16 @@ def test_interrupting_snakemake_leaves_no_server(models: Path, how: str) -> None
         shutil.rmtree(out, ignore_errors=True)
         shutil.rmtree(ROOT / "logs" / "results" / "raw" / exp, ignore_errors=True)
         shutil.rmtree(ROOT / "logs" / "bench" / "results" / "raw" / exp, ignore_errors=True)
+
+
+def test_changed_settings_rerun_cells_instead_of_reusing_them(models: Path, tmp_path: Path) -> None:
+    v = _llama_variant(models, tmp_path)
+    out = tmp_path / "raw"
+    load = _small_load(concurrency=[1], num_requests=2, output_len=8)
+    first = serve_load.run(load=load, out_dir=out, **v)["cells"][0]
+    again = serve_load.run(load=load, out_dir=out, **v)["cells"][0]
+    assert again["started_utc"] == first["started_utc"]  # same settings: reused
+    v["engine_cfg"] = v["engine_cfg"].model_copy(update={"settings": {**v["engine_cfg"].settings, "parallel": 2}})
+    changed = serve_load.run(load=load, out_dir=out, **v)["cells"][0]
+    assert changed["started_utc"] != first["started_utc"]
+    assert changed["engine_settings"]["parallel"] == 2

@@ -20,6 +20,7 @@ The server is always stopped -- on success, error, SIGTERM or Ctrl-C.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import signal
@@ -178,11 +179,17 @@ def _run(*, engine_cfg: EngineCfg, hardware: HardwareCfg, load: LoadCfg, experim
             "bits_per_weight": manifest.get("bits_per_weight"), "n_params": manifest.get("n_params"),
             "request_rate": load.request_rate, "engine_settings": engine_cfg.settings,
             "engine_extra_args": engine_cfg.extra_args}
+    # Cells are reused only if made with exactly these settings (a changed setting re-runs them all).
+    base["spec_hash"] = hashlib.sha256(json.dumps([base, load.model_dump(mode="json")], sort_keys=True,
+                                                  default=str).encode()).hexdigest()[:16]
     cells = cells_of(load)
 
     def done(cell: Cell) -> bool:
         p = out_dir / f"{cell.name}.json"
-        return p.exists() and json.loads(p.read_text()).get("status") in ("ok", "unsupported")
+        if not p.exists():
+            return False
+        prev = json.loads(p.read_text())
+        return prev.get("status") in ("ok", "unsupported") and prev.get("spec_hash") == base["spec_hash"]
 
     pending = [c for c in cells if not done(c)]
     try:
