@@ -36,3 +36,15 @@ def staged_dir(final: Path) -> Iterator[Path]:
     stage.rename(final)
     if old is not None:
         shutil.rmtree(old, ignore_errors=True)
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    """Write a file so readers see the old content or the new, never half of it."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.partial-{os.getpid()}")
+    try:
+        tmp.write_text(text)
+        tmp.replace(path)
+    finally:
+        tmp.unlink(missing_ok=True)

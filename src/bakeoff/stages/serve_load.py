@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from bakeoff.artifacts import atomic_write_text
 from bakeoff.engines import ServerSpec, get_engine
 from bakeoff.engines.base import Engine
 from bakeoff.errors import BakeoffError
@@ -66,17 +67,11 @@ def requests_for(load: LoadCfg, concurrency: int) -> int:
 
 
 def _write_json(path: Path, data: Any) -> None:
-    tmp = path.with_name(f".{path.name}.partial")
-    tmp.write_text(json.dumps(data, indent=2, default=str) + "\n")
-    tmp.replace(path)
+    atomic_write_text(path, json.dumps(data, indent=2, default=str) + "\n")
 
 
 def _write_jsonl(path: Path, rows: list[dict]) -> None:
-    tmp = path.with_name(f".{path.name}.partial")
-    with open(tmp, "w") as f:
-        for r in rows:
-            f.write(json.dumps(r) + "\n")
-    tmp.replace(path)
+    atomic_write_text(path, "".join(json.dumps(r) + "\n" for r in rows))
 
 
 class Interrupted(BakeoffError):

@@ -8,10 +8,12 @@ atomically (temp file + rename) so a reader never sees half a CSV.
 from __future__ import annotations
 
 import csv
+import io
 import json
-import os
 from pathlib import Path
 from typing import Any
+
+from bakeoff.artifacts import atomic_write_text
 
 COLUMNS = [
     "experiment", "model", "engine", "engine_version", "format", "hardware",
@@ -46,13 +48,8 @@ def rows(index_paths: list[Path], config_hash: str) -> list[dict[str, Any]]:
 
 
 def write_csv(path: Path, records: list[dict], columns: list[str] = COLUMNS) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.partial-{os.getpid()}")
-    try:
-        with open(tmp, "w", newline="") as f:
-            w = csv.DictWriter(f, fieldnames=columns, extrasaction="raise")
-            w.writeheader()
-            w.writerows(records)
-        tmp.replace(path)
-    finally:
-        tmp.unlink(missing_ok=True)
+    buf = io.StringIO()
+    w = csv.DictWriter(buf, fieldnames=columns, extrasaction="raise")
+    w.writeheader()
+    w.writerows(records)
+    atomic_write_text(Path(path), buf.getvalue())
