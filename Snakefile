@@ -9,22 +9,30 @@ min_version("9.0")
 # Path grammar: every artifact path bakeoff writes, defined once, here.
 #   build/llamacpp/src-{commit}/          pinned llama.cpp source tree (from the llama-cpp-python sdist)
 #   build/llamacpp/{toolchain}/           built tools; toolchain = {commit}-{backend}, backend = cpu | cuda<arch>
+#   build/llamacpp-python/{toolchain}/    llama-cpp-python built from the same sdist (the GGUF evaluation server)
 #   models/{model}/source/                the model as fetched (hub snapshot or embedded GGUF)
 #   models/{model}/{format}/              one format: fp16, fp8, fp8-dynamic, fp8-dequant, f16, q8_0, q4_k_m
 #   results/raw/{experiment}/{model}/{engine}-{format}/
 #       c{conc}-p{prompt}[-r{repeat}].jsonl   per-request records of one load cell
 #       c{conc}-p{prompt}[-r{repeat}].json    that cell's metrics, status and reason
 #       cells.json, server.log                the variant's index; its server's log
-#   results/summary.csv                   one row per cell
+#       quality.json, topk.json               its quality scores (lm-eval, canary) and top-k logprobs for KL
+#       samples.json                          its generations of the fixed prompt set
+#   results/summary.csv                   one row per cell, quality columns joined per variant
+#   results/samples/{experiment}/{model}.md   every variant's generations, side by side
 # Each artifact directory is complete exactly when its manifest.json exists.
 # Logs mirror outputs under logs/, benchmark timings under logs/bench/.
 # --------------------------------------------------------------------------
 LLAMACPP_SRC = "build/llamacpp/src-{commit}/manifest.json"
 TOOLCHAIN = "build/llamacpp/{toolchain}/manifest.json"
+PYBINDING = "build/llamacpp-python/{toolchain}/manifest.json"
 MODEL_SOURCE = "models/{model}/source/manifest.json"
 MODEL = "models/{model}/{format}/manifest.json"
 CELLS = "results/raw/{experiment}/{model}/{engine}-{format}/cells.json"
+QUALITY = "results/raw/{experiment}/{model}/{engine}-{format}/quality.json"
+VARIANT_SAMPLES = "results/raw/{experiment}/{model}/{engine}-{format}/samples.json"
 SUMMARY = "results/summary.csv"
+SAMPLES = "results/samples/{experiment}/{model}.md"
 
 
 include: "workflow/rules/common.smk"
@@ -32,6 +40,7 @@ include: "workflow/rules/toolchain.smk"
 include: "workflow/rules/models.smk"
 include: "workflow/rules/serve.smk"
 include: "workflow/rules/summary.smk"
+include: "workflow/rules/samples.smk"
 
 
 rule all:

@@ -36,8 +36,8 @@ def bakeoff(*args: str, env: dict | None = None, timeout: float = 900) -> subpro
 
 @pytest.fixture(scope="session")
 def models() -> Path:
-    """The smoke experiment run by Snakemake (no-op when up to date), plus the fp8-dynamic format."""
-    snakemake("--cores", "all", "results/summary.csv", f"models/{MODEL}/fp8-dynamic/manifest.json")
+    """The smoke experiment (rule all: summary + samples) run by Snakemake (no-op when up to date), plus fp8-dynamic."""
+    snakemake("--cores", "all", "all", f"models/{MODEL}/fp8-dynamic/manifest.json")
     return ROOT / "models" / MODEL
 
 

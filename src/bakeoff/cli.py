@@ -43,6 +43,12 @@ def _cmd_summarize(a: argparse.Namespace) -> None:
     write_csv(Path(a.out), rows([Path(p) for p in a.indexes], a.config_hash))
 
 
+def _cmd_samples(a: argparse.Namespace) -> None:
+    from bakeoff.stages.collect_samples import collect
+
+    collect([Path(p) for p in a.variants], Path(a.out))
+
+
 def _cmd_load(a: argparse.Namespace) -> None:
     """One-off load test against any OpenAI-compatible server."""
     from transformers import AutoTokenizer
@@ -112,6 +118,11 @@ def _cmd_stage(a: argparse.Namespace) -> None:
         if not q.gguf_type:
             raise BakeoffError(f"format {a.format!r} has no gguf_type")
         quantize(_dir(a.input), _dir(a.toolchain), out, q.gguf_type, a.format, threads=a.jobs or 0)
+    elif name == "build-llamacpp-python":
+        from bakeoff.stages.build_llamacpp_python import build
+
+        build(schema.ToolchainCfg.model_validate_json(a.spec), schema.HardwareCfg.model_validate_json(a.hardware),
+              _dir(a.input), out, jobs=a.jobs)
     elif name == "serve-load":
         from bakeoff.stages.serve_load import run
 
@@ -122,12 +133,15 @@ def _cmd_stage(a: argparse.Namespace) -> None:
             fmt=a.format, engine_name=spec["engine_name"], model_dir=_dir(a.input), tokenizer_dir=_dir(a.tokenizer),
             out_dir=Path(a.out).parent, toolchain_dir=_dir(a.toolchain) if a.toolchain else None,
             slos_ms=schema.LoadCfg.model_validate(spec["load"]).slo_ms.as_dict() or None,
-            show_progress=sys.stderr.isatty(), launcher_pid=a.watch_pid)
+            show_progress=sys.stderr.isatty(), launcher_pid=a.watch_pid,
+            eval_cfg=schema.EvalCfg.model_validate(spec.get("eval", {})),
+            eval_toolchain_dir=_dir(a.eval_toolchain) if a.eval_toolchain else None,
+            synthetic=spec.get("model_source") == "synthetic")
     else:  # argparse restricts choices; kept for type checkers
         raise BakeoffError(f"unknown stage {name!r}")
 
 
-STAGES = ["fetch-llamacpp", "build-llamacpp", "fetch-model", "to-fp16", "quantize-fp8", "dequant-fp8",
+STAGES = ["fetch-llamacpp", "build-llamacpp", "build-llamacpp-python", "fetch-model", "to-fp16", "quantize-fp8", "dequant-fp8",
           "convert-gguf", "quantize-gguf", "serve-load"]
 
 
@@ -148,6 +162,11 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--out", default="results/summary.csv")
     m.add_argument("--config-hash", default="")
     m.set_defaults(func=_cmd_summarize)
+
+    sm = sub.add_parser("samples", help="write the variants' sample generations side by side (markdown + json)")
+    sm.add_argument("variants", nargs="+", help="samples.json of every variant")
+    sm.add_argument("--out", required=True)
+    sm.set_defaults(func=_cmd_samples)
 
     ld = sub.add_parser("load", help="run the load generator alone against an OpenAI-compatible server")
     ld.add_argument("--url", required=True, help="base URL, e.g. http://127.0.0.1:8000")
@@ -172,6 +191,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--hardware", help="hardware config, as JSON")
     s.add_argument("--tree", help="llama.cpp source tree artifact")
     s.add_argument("--toolchain", help="built llama.cpp toolchain artifact")
+    s.add_argument("--eval-toolchain", help="built llama-cpp-python artifact (the GGUF evaluation server)")
     s.add_argument("--tokenizer", help="HF checkpoint whose tokenizer builds the prompts")
     s.add_argument("--format", help="format name of the output")
     s.add_argument("--watch-pid", type=int, default=None,

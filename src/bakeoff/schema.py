@@ -76,7 +76,7 @@ class ToolchainCfg(_Strict):
 
 
 class EngineCfg(_Strict):
-    plugin: Literal["vllm", "llamacpp"]
+    plugin: Literal["vllm", "llamacpp", "llamacpppy"]
     serves: Literal["hf", "gguf"]
     host: str = "127.0.0.1"
     port: int | None = Field(default=None, ge=1, le=65535)
@@ -85,6 +85,9 @@ class EngineCfg(_Strict):
     settings: dict[str, Any] = {}
     extra_args: list[str] = []
     toolchain: ToolchainCfg | None = None
+    # Where quality is scored when this engine cannot score prompts itself (llama-server):
+    # another server for the same artifact (llama-cpp-python for GGUF). None: this server.
+    eval_server: EngineCfg | None = None
 
     @model_validator(mode="after")
     def _bind_safely(self) -> EngineCfg:
@@ -130,9 +133,31 @@ class LoadCfg(_Strict):
     slo_ms: SloCfg = SloCfg()
 
 
+class SamplesCfg(_Strict):
+    """A fixed prompt set generated at temperature 0 by every variant (results/samples/)."""
+
+    prompts: list[str] = []
+    max_tokens: PositiveInt = 128
+
+
 class EvalCfg(_Strict):
+    """Quality: lm-eval tasks, their doc limits, top-k KL against fp16, and samples."""
+
     tasks: list[str] = []
-    limit: PositiveInt | None = None
+    # Docs per task: one number for all tasks, or per task name (unlisted tasks: all docs).
+    limit: PositiveInt | dict[str, PositiveInt] | None = None
+    # Dataset revision (commit) per lm-eval task, so hub datasets are pinned.
+    revisions: dict[str, str] = {}
+    num_concurrent: PositiveInt = 4
+    # Tokens of reference text scored with top-k logprobs for the KL column (0: no KL).
+    kl_tokens: NonNegativeInt = 2048
+    top_k: PositiveInt = 20
+    samples: SamplesCfg = SamplesCfg()
+
+    def limit_for(self, task: str) -> int | None:
+        if isinstance(self.limit, dict):
+            return self.limit.get(task)
+        return self.limit
 
 
 class ExperimentCfg(_Strict):
@@ -146,6 +171,8 @@ def request_context(e: EngineCfg, model_max_context: int | None = None) -> int:
     cap = model_max_context or 1 << 30
     if e.plugin == "vllm":
         ctx = int(e.settings.get("max_model_len") or cap)
+    elif e.plugin == "llamacpppy":
+        ctx = int(e.settings.get("n_ctx") or cap)
     else:
         ctx = int(e.settings.get("ctx_size") or cap) // max(1, int(e.settings.get("parallel") or 1))
     return min(ctx, cap)

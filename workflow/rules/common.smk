@@ -70,9 +70,17 @@ def serve_inputs(wildcards):
         "model": MODEL.format(model=wildcards.model, format=wildcards.format),
         "tokenizer": MODEL.format(model=wildcards.model, format="fp16"),
     }
-    if CFG.engines[wildcards.engine].plugin == "llamacpp":
+    engine = CFG.engines[wildcards.engine]
+    if engine.plugin == "llamacpp":
         inputs["toolchain"] = toolchain_manifest()
+    if engine.eval_server is not None and engine.eval_server.plugin == "llamacpppy" and CFG.eval.tasks:
+        inputs["eval_toolchain"] = pybinding_manifest()
     return inputs
+
+
+def pybinding_manifest():
+    toolchain_manifest()  # same precondition: a llamacpp engine with a toolchain
+    return PYBINDING.format(toolchain=TOOLCHAIN_ID)
 
 
 def serve_spec(wildcards):
@@ -84,11 +92,16 @@ def serve_spec(wildcards):
         "load": CFG.load.model_dump(mode="json"),
         "experiment": CFG.experiment.name,
         "model": CFG.model.name,
+        "model_source": CFG.model.source,
+        "eval": CFG.eval.model_dump(mode="json"),
     }, sort_keys=True)
 
 
 def toolchain_arg(wildcards, input):
-    return f"--toolchain {input.toolchain}" if "toolchain" in input.keys() else ""
+    args = f"--toolchain {input.toolchain}" if "toolchain" in input.keys() else ""
+    if "eval_toolchain" in input.keys():
+        args += f" --eval-toolchain {input.eval_toolchain}"
+    return args
 
 
 def cell_indexes():
@@ -96,6 +109,11 @@ def cell_indexes():
             for e, f in CFG.variants()]
 
 
+def variant_files(pattern):
+    return [pattern.format(experiment=CFG.experiment.name, model=MODEL_NAME, engine=e, format=f)
+            for e, f in CFG.variants()]
+
+
 def all_outputs():
     """The single source of `rule all`'s targets."""
-    return [SUMMARY]
+    return [SUMMARY, SAMPLES.format(experiment=CFG.experiment.name, model=MODEL_NAME)]

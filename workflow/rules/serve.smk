@@ -1,4 +1,5 @@
-# One job per server config: start the engine once, run all its load cells, stop it.
+# One job per server config: start the engine once, run all its load cells, score its quality
+# (on the same server, or on the engine's eval_server for the same artifact), stop it.
 # $PPID (of the job shell) is snakemake: if it dies, even by SIGKILL, the stage stops its server.
 # threads = all cores, so a measurement never shares the machine with another job.
 
@@ -7,7 +8,9 @@ rule serve_load:
     input:
         unpack(serve_inputs),
     output:
-        CELLS,
+        cells=CELLS,
+        quality=QUALITY,
+        samples=VARIANT_SAMPLES,
     params:
         spec=serve_spec,
         toolchain=toolchain_arg,
@@ -20,4 +23,4 @@ rule serve_load:
         "../../envs/bakeoff.yaml"
     shell:
         "bakeoff stage serve-load --spec {params.spec:q} --format {wildcards.format} --input {input.model}"
-        " --tokenizer {input.tokenizer} {params.toolchain} --out {output} --watch-pid $PPID > {log} 2>&1"
+        " --tokenizer {input.tokenizer} {params.toolchain} --out {output.cells} --watch-pid $PPID > {log} 2>&1"

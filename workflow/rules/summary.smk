@@ -3,7 +3,10 @@
 
 rule summary:
     input:
-        cell_indexes(),
+        cells=cell_indexes(),
+        quality=variant_files(QUALITY),
+        # Not read by the summary: listed so `snakemake results/summary.csv` also writes the samples.
+        samples=SAMPLES.format(experiment=CFG.experiment.name, model=MODEL_NAME),
     output:
         SUMMARY,
     params:
@@ -13,4 +16,4 @@ rule summary:
     conda:
         "../../envs/bakeoff.yaml"
     shell:
-        "bakeoff summarize {input} --config-hash {params.config_hash} --out {output} > {log} 2>&1"
+        "bakeoff summarize {input.cells} --config-hash {params.config_hash} --out {output} > {log} 2>&1"

@@ -32,3 +32,23 @@ rule build_llamacpp:
     shell:
         "bakeoff stage build-llamacpp --spec {params.spec:q} --hardware {params.hardware:q}"
         " --input {input.src} --out {output} --jobs {threads} > {log} 2>&1"
+
+
+rule build_llamacpp_python:
+    input:
+        src=lambda w: source_tree_manifest(),
+    output:
+        PYBINDING,
+    params:
+        spec=lambda w: TC.model_dump_json(),
+        hardware=lambda w: CFG.hardware.model_dump_json(),
+    threads: workflow.cores
+    log:
+        "logs/build/llamacpp-python/{toolchain}.log",
+    benchmark:
+        "logs/bench/build/llamacpp-python/{toolchain}.tsv"
+    conda:
+        "../../envs/llamacpp.yaml"
+    shell:
+        "bakeoff stage build-llamacpp-python --spec {params.spec:q} --hardware {params.hardware:q}"
+        " --input {input.src} --out {output} --jobs {threads} > {log} 2>&1"

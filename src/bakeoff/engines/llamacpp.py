@@ -35,4 +35,6 @@ class LlamaCppEngine(Engine):
                 "llamacpp_build": m.get("backend", "?")}
 
     def capabilities(self) -> dict[str, Any]:
-        return {"serves": self.serves, "parallel_slots": self.spec.engine.settings.get("parallel")}
+        # llama-server ignores `echo` and returns logprobs only for generated tokens (checked by the canary).
+        return {"serves": self.serves, "parallel_slots": self.spec.engine.settings.get("parallel"),
+                "prompt_logprobs": False}

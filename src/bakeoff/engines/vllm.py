@@ -64,4 +64,4 @@ class VllmEngine(Engine):
                 "torch": _dist_version("torch")}
 
     def capabilities(self) -> dict[str, Any]:
-        return {"serves": self.serves, "container": bool(self.container_image)}
+        return {"serves": self.serves, "container": bool(self.container_image), "prompt_logprobs": True}

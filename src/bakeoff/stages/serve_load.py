@@ -1,10 +1,18 @@
-"""Stage: one server per (engine, format, engine settings) serves all its load cells.
+"""Stage: one server per (engine, format, engine settings) serves all its load cells, then its quality.
 
 For each cell (concurrency x prompt length x repeat) it writes the per-request
 records (``<cell>.jsonl``) and the cell's summary (``<cell>.json``), then an
 index (``cells.json``) that the summary rule reads. Cells whose summary already
 says ``ok`` are skipped, so re-running the stage redoes only what is missing
 or failed.
+
+On the same server it then generates the fixed sample prompts
+(``samples.json``) and, where the engine can score prompts (vLLM), runs the
+quality evaluation (``quality.json``, bakeoff.stages.evaluate): the issue's
+rule is that a variant is evaluated on the very server its load tests used.
+Engines that cannot score prompts (llama-server) name an ``eval_server`` for
+the same artifact, started after the load server is stopped. Quality and
+samples are reused like cells, when made with the same settings.
 
 Outcomes, all of them results rather than crashes:
 
@@ -41,9 +49,14 @@ from bakeoff.loadgen.runner import run_cell
 from bakeoff.manifest import verify
 from bakeoff.memory import PeakSampler
 from bakeoff.proc import ServerStartError
-from bakeoff.schema import EngineCfg, HardwareCfg, LoadCfg, request_context
+from bakeoff.quality import lmeval
+from bakeoff.quality.canary import CanaryError
+from bakeoff.quality.samples import generate
+from bakeoff.schema import EngineCfg, EvalCfg, HardwareCfg, LoadCfg, request_context
+from bakeoff.stages import evaluate
 
 INDEX = "cells.json"
+SAMPLES = "samples.json"
 
 
 @dataclass(frozen=True)
@@ -142,7 +155,8 @@ class Session:
 def run(*, engine_cfg: EngineCfg, hardware: HardwareCfg, load: LoadCfg, experiment: str, model: str, fmt: str,
         engine_name: str, model_dir: Path, tokenizer_dir: Path, out_dir: Path, toolchain_dir: Path | None,
         slos_ms: dict[str, float] | None = None, show_progress: bool = True,
-        launcher_pid: int | None = None) -> dict[str, Any]:
+        launcher_pid: int | None = None, eval_cfg: EvalCfg | None = None, eval_toolchain_dir: Path | None = None,
+        synthetic: bool = False) -> dict[str, Any]:
     """Run every pending cell of one variant; returns the index written to ``cells.json``."""
     old = {s: signal.signal(s, _on_signal) for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)}
     if launcher_pid is not None:
@@ -150,7 +164,8 @@ def run(*, engine_cfg: EngineCfg, hardware: HardwareCfg, load: LoadCfg, experime
     try:
         return _run(engine_cfg=engine_cfg, hardware=hardware, load=load, experiment=experiment, model=model, fmt=fmt,
                     engine_name=engine_name, model_dir=model_dir, tokenizer_dir=tokenizer_dir, out_dir=out_dir,
-                    toolchain_dir=toolchain_dir, slos_ms=slos_ms, show_progress=show_progress)
+                    toolchain_dir=toolchain_dir, slos_ms=slos_ms, show_progress=show_progress,
+                    eval_cfg=eval_cfg or EvalCfg(), eval_toolchain_dir=eval_toolchain_dir, synthetic=synthetic)
     finally:
         for s, h in old.items():
             signal.signal(s, h)
@@ -158,7 +173,8 @@ def run(*, engine_cfg: EngineCfg, hardware: HardwareCfg, load: LoadCfg, experime
 
 def _run(*, engine_cfg: EngineCfg, hardware: HardwareCfg, load: LoadCfg, experiment: str, model: str, fmt: str,
          engine_name: str, model_dir: Path, tokenizer_dir: Path, out_dir: Path, toolchain_dir: Path | None,
-         slos_ms: dict[str, float] | None, show_progress: bool) -> dict[str, Any]:
+         slos_ms: dict[str, float] | None, show_progress: bool, eval_cfg: EvalCfg, eval_toolchain_dir: Path | None,
+         synthetic: bool) -> dict[str, Any]:
     from transformers import AutoTokenizer
 
     check_load_before_start(load, request_context(engine_cfg))
@@ -187,15 +203,121 @@ def _run(*, engine_cfg: EngineCfg, hardware: HardwareCfg, load: LoadCfg, experim
         return prev.get("status") in ("ok", "unsupported") and prev.get("spec_hash") == base["spec_hash"]
 
     pending = [c for c in cells if not done(c)]
+    quality = QualityPlan.make(engine_cfg, eval_cfg, manifest, out_dir, synthetic, eval_toolchain_dir)
+    if quality.needed:
+        lmeval.check_tasks(eval_cfg.tasks)  # an unknown task fails now, not after minutes of load tests
+    samples_hash = hashlib.sha256(json.dumps([base["spec_hash"], eval_cfg.samples.model_dump()]).encode()).hexdigest()[:16]
+    need_samples = not _same_hash(out_dir / SAMPLES, samples_hash)
+    start_status = ("ok", "")
     try:
-        if pending:
-            _run_pending(session, pending, base, load, tokenizer, out_dir, slos_ms, show_progress,
-                         gpu=hardware.backend == "cuda")
+        if pending or quality.on_load_server or (need_samples and eval_cfg.samples.prompts):
+            start_status = _run_pending(session, pending, base, load, tokenizer, out_dir, slos_ms, show_progress,
+                                        gpu=hardware.backend == "cuda")
+            engine = session.engine
+            up = start_status[0] == "ok" and engine is not None and engine.alive()
+            if up and need_samples and engine is not None:
+                _write_json(out_dir / SAMPLES, {"samples_hash": samples_hash, "variant": f"{engine_name}-{fmt}",
+                                                "samples": generate(engine.base_url, model, eval_cfg.samples.prompts,
+                                                                    eval_cfg.samples.max_tokens, engine_cfg.api_key)})
+                need_samples = False
+            if quality.on_load_server:
+                quality.run(session if up else None, start_status, tokenizer, tokenizer_dir, model)
     finally:
         session.stop()
+    if need_samples:  # no prompts configured, or the server could not serve them
+        reason = "" if not eval_cfg.samples.prompts else f"{start_status[0]}: {start_status[1]}"
+        final = not reason or start_status[0] == "unsupported"  # a failure is retried next run; unsupported is a result
+        _write_json(out_dir / SAMPLES, {"samples_hash": samples_hash if final else None,
+                                        "variant": f"{engine_name}-{fmt}", "samples": [], "reason": reason})
+    if quality.needed and not quality.on_load_server:
+        unsupported = [c for c in cells if json.loads((out_dir / f"{c.name}.json").read_text())["status"] == "unsupported"]
+        if unsupported:  # the variant cannot run here; its quality is not measured on another route
+            quality.record_status("unsupported", json.loads((out_dir / f"{unsupported[0].name}.json").read_text())["reason"])
+        else:
+            quality.run_on_eval_server(spec, tokenizer, tokenizer_dir, model)
     index = {"variant": base, "cells": [json.loads((out_dir / f"{c.name}.json").read_text()) for c in cells]}
     _write_json(out_dir / INDEX, index)
     return index
+
+
+def _same_hash(path: Path, digest: str) -> bool:
+    return path.exists() and json.loads(path.read_text()).get("samples_hash") == digest
+
+
+@dataclass
+class QualityPlan:
+    """Whether and where this variant's quality is scored (see bakeoff.stages.evaluate)."""
+
+    engine_cfg: EngineCfg
+    eval_cfg: EvalCfg
+    out_dir: Path
+    digest: str
+    needed: bool
+    skip_reason: str
+    eval_toolchain_dir: Path | None
+
+    @classmethod
+    def make(cls, engine_cfg: EngineCfg, eval_cfg: EvalCfg, manifest: dict, out_dir: Path, synthetic: bool,
+             eval_toolchain_dir: Path | None) -> QualityPlan:
+        route = (engine_cfg.eval_server or engine_cfg).model_dump(mode="json", include={"plugin", "settings"})
+        digest = evaluate.eval_hash(eval_cfg, {**route, "same_server": engine_cfg.eval_server is None},
+                                    manifest.get("sha256") or json.dumps(manifest.get("files", []), sort_keys=True))
+        skip = ("synthetic weights: quality is not meaningful" if synthetic
+                else "" if eval_cfg.tasks else "no eval.tasks configured")
+        needed = not evaluate.reusable(out_dir, digest)
+        plan = cls(engine_cfg, eval_cfg, out_dir, digest, needed and not skip, skip, eval_toolchain_dir)
+        if needed and skip:
+            plan.record_status("skipped", skip)
+        return plan
+
+    @property
+    def on_load_server(self) -> bool:
+        return self.needed and self.engine_cfg.eval_server is None
+
+    def record_status(self, status: str, reason: str, **extra: Any) -> None:
+        evaluate.write(self.out_dir, {"status": status, "reason": reason, "eval_hash": self.digest, **extra})
+
+    def run(self, session: Session | None, start_status: tuple[str, str], tokenizer: Any, tokenizer_dir: Path,
+            model: str, route: str = "load server") -> None:
+        if session is None or session.engine is None:
+            status, reason = start_status if start_status[0] != "ok" else ("failed", "the server died before evaluation")
+            self.record_status(status, reason, route=route)
+            return
+        engine = session.engine
+        if not engine.capabilities().get("prompt_logprobs"):
+            self.record_status("unsupported", f"{engine.name} cannot score prompts and no eval_server is configured",
+                               route=route)
+            return
+        ctx = request_context(engine.spec.engine) - 1  # lm-eval's windows + the 1 token it asks to generate
+        try:
+            scores = evaluate.score(base_url=engine.base_url, model=model, api_key=engine.spec.engine.api_key,
+                                    tokenizer=tokenizer, tokenizer_dir=tokenizer_dir, eval_cfg=self.eval_cfg,
+                                    max_length=ctx, out_dir=self.out_dir)
+        except CanaryError as e:
+            self.record_status("unsupported", f"logprob canary failed on {engine.name}: {e}", route=route)
+            return
+        except BakeoffError:
+            raise  # a configuration error (unknown task): stop the stage with its message
+        except Exception as e:  # lm-eval or the server broke: a result, with the reason
+            alive = engine.alive()
+            why = f"{type(e).__name__}: {e}" if alive else f"server died during evaluation: {engine.failure_reason()}"
+            self.record_status("failed", why[:800], route=route)
+            return
+        self.record_status("ok", "", route=route, eval_engine=engine.versions(), **scores)
+
+    def run_on_eval_server(self, load_spec: ServerSpec, tokenizer: Any, tokenizer_dir: Path, model: str) -> None:
+        cfg = self.engine_cfg.eval_server
+        assert cfg is not None
+        spec = ServerSpec(engine=cfg, hardware=load_spec.hardware, model_dir=load_spec.model_dir,
+                          served_name=model, log_path=self.out_dir / "eval-server.log",
+                          toolchain_dir=self.eval_toolchain_dir)
+        session = Session(spec, cfg.plugin)
+        try:
+            status = session.start()
+            self.run(session if status[0] == "ok" else None, status, tokenizer, tokenizer_dir, model,
+                     route=f"{cfg.plugin} (same artifact)")
+        finally:
+            session.stop()
 
 
 def _cell_base(base: dict, cell: Cell, n: int, versions: dict, startup_s: float | None) -> dict:
@@ -204,7 +326,7 @@ def _cell_base(base: dict, cell: Cell, n: int, versions: dict, startup_s: float 
 
 
 def _run_pending(session: Session, pending: list[Cell], base: dict, load: LoadCfg, tokenizer: Any, out_dir: Path,
-                 slos_ms: dict[str, float] | None, show_progress: bool, gpu: bool) -> None:
+                 slos_ms: dict[str, float] | None, show_progress: bool, gpu: bool) -> tuple[str, str]:
     status, reason = session.start()
     versions = session.engine.versions() if session.engine else {}
     if status != "ok":
@@ -214,7 +336,7 @@ def _run_pending(session: Session, pending: list[Cell], base: dict, load: LoadCf
                         {**_cell_base(base, cell, n, versions, None), "status": status, "reason": reason,
                          "completed": 0, "failed": 0})
         print(f"{base['engine']}-{base['format']}: {status}: {reason}", file=sys.stderr)
-        return
+        return status, reason
     count_tokens = lambda text: len(tokenizer.encode(text, add_special_tokens=False))  # noqa: E731
     for i, cell in enumerate(pending):
         if not session.engine or not session.engine.alive():
@@ -225,7 +347,7 @@ def _run_pending(session: Session, pending: list[Cell], base: dict, load: LoadCf
                     _write_json(out_dir / f"{rest.name}.json",
                                 {**_cell_base(base, rest, n, versions, None), "status": "failed",
                                  "reason": f"server restart failed: {reason}", "completed": 0, "failed": n})
-                return
+                return status, reason
         n = requests_for(load, cell.concurrency)
         seed = hash((cell.concurrency, cell.prompt_len, cell.repeat)) & 0xFFFF_FFFF
         prompts = make_prompts(tokenizer, cell.prompt_len, n + load.warmup_requests, seed=seed, tag=f"{cell.name}-")
@@ -254,6 +376,7 @@ def _run_pending(session: Session, pending: list[Cell], base: dict, load: LoadCf
                     {**_cell_base(base, cell, n, versions, session.startup_s), "status": cell_status,
                      "reason": cell_reason, **metrics, **res.client, "peak_rss_bytes": mem.peak_rss,
                      "peak_gpu_bytes": mem.peak_gpu, "started_utc": t_cell})
+    return "ok", ""
 
 
 def check_load_before_start(load: LoadCfg, context_tokens: int) -> None:

@@ -1,7 +1,9 @@
 """Stage: ``results/summary.csv``, one row per load cell of the experiment.
 
 Rows come from each variant's ``cells.json`` (written by the serve-load
-stage), unsupported and failed cells included, with their reasons. Written
+stage), unsupported and failed cells included, with their reasons; the
+variant's quality columns (``quality.json``, see bakeoff.quality.compare) are
+joined onto each of its rows. Written
 atomically (temp file + rename) so a reader never sees half a CSV.
 """
 
@@ -14,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from bakeoff.artifacts import atomic_write_text
+from bakeoff.quality.compare import QUALITY_COLUMNS, quality_columns
 
 COLUMNS = [
     "experiment", "model", "engine", "engine_version", "format", "hardware",
@@ -26,6 +29,7 @@ COLUMNS = [
     "peak_rss_bytes", "peak_gpu_bytes", "weight_bytes", "bits_per_weight", "n_params",
     "startup_s", "client_cpu_s_per_1k_tokens", "client_loop_lag_p99_ms",
     "engine_settings", "config_hash",
+    *QUALITY_COLUMNS,
 ]
 
 
@@ -38,10 +42,14 @@ def _fmt(v: Any) -> Any:
 
 
 def rows(index_paths: list[Path], config_hash: str) -> list[dict[str, Any]]:
+    """One row per cell; the variant's quality columns (quality.json beside cells.json) are joined on."""
+    indexes = [(Path(p).parent, json.loads(Path(p).read_text())) for p in index_paths]
+    quality = quality_columns([(d, idx["variant"]) for d, idx in indexes])
     out = []
-    for p in index_paths:
-        for cell in json.loads(Path(p).read_text())["cells"]:
+    for d, idx in indexes:
+        for cell in idx["cells"]:
             row = {k: _fmt(cell.get(k)) for k in COLUMNS}
+            row.update({k: _fmt(v) for k, v in quality[d].items()})
             row["config_hash"] = config_hash
             out.append(row)
     return out

@@ -1,0 +1,60 @@
+"""GGUF scoring through the pinned llama-cpp-python binding (bakeoff.quality.gguf_server).
+
+The evaluation route for GGUF files: llama-server cannot score prompts, and
+llama-cpp-python's own ``llama_cpp.server`` returns misaligned prompt
+logprobs (see bakeoff.quality.gguf_server), so bakeoff serves the same GGUF
+file through a small scoring server on the same binding. The binding is the
+build in ``build/llamacpp-python/<toolchain>/`` (same llama.cpp tree as the
+tools), put on the server's PYTHONPATH.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Any
+
+from bakeoff.engines.base import Engine, register
+from bakeoff.errors import BakeoffError
+from bakeoff.manifest import read_manifest
+from bakeoff.stages.build_llamacpp_python import SITE
+from bakeoff.stages.convert_gguf import GGUF_NAME
+
+
+def _value(v: Any) -> str:
+    return str(v) if not isinstance(v, bool) else ("True" if v else "False")
+
+
+@register
+class LlamaCppPythonEngine(Engine):
+    name = "llamacpppy"
+    serves = "gguf"
+    health_path = "/v1/models"
+
+    def command(self) -> list[str]:
+        if self.spec.toolchain_dir is None:
+            raise BakeoffError("the llamacpppy engine needs the built binding (build/llamacpp-python/<toolchain>)")
+        e = self.spec.engine
+        cmd = [sys.executable, "-m", "bakeoff.quality.gguf_server", "--model", str(self.spec.model_dir / GGUF_NAME),
+               "--model_alias", self.spec.served_name, "--host", self.host, "--port", str(self.port)]
+        # Flags are the settings' names as written (n_ctx, n_threads, n_batch), as llama_cpp.server spells them.
+        for key, value in e.settings.items():
+            if value is not None:
+                cmd += [f"--{key}", _value(value)]
+        if e.api_key:
+            raise BakeoffError("the GGUF scoring server binds loopback only and takes no api_key")
+        return cmd + list(e.extra_args)
+
+    def env(self) -> dict[str, str]:
+        env = super().env()
+        site = str((self.spec.toolchain_dir or "") and self.spec.toolchain_dir / SITE)
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (site, env.get("PYTHONPATH", "")) if p)
+        return env
+
+    def versions(self) -> dict[str, str]:
+        m = read_manifest(self.spec.toolchain_dir) if self.spec.toolchain_dir else {}
+        return {"engine": "llamacpppy", "engine_version": f"llama-cpp-python {m.get('version', '?')}",
+                "llamacpp_commit": m.get("commit", "?")}
+
+    def capabilities(self) -> dict[str, Any]:
+        return {"serves": self.serves, "prompt_logprobs": True, "generation": False}

@@ -1,0 +1,29 @@
+"""Generations of a fixed prompt set at temperature 0, saved side by side per variant.
+
+The seed judged quality partly by eye ("Q4_K_M occasionally slips on bracket
+nesting and Chinese punctuation" in a quicksort program); these samples make
+that comparison reproducible. They come from the serving engine itself, since
+that is what a user of the variant gets.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import requests
+
+
+def generate(base_url: str, model: str, prompts: list[str], max_tokens: int, api_key: str | None = None,
+             timeout: float = 600) -> list[dict[str, Any]]:
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    out = []
+    for prompt in prompts:
+        payload = {"model": model, "messages": [{"role": "user", "content": prompt}], "temperature": 0,
+                   "max_tokens": max_tokens, "seed": 0}
+        r = requests.post(f"{base_url}/v1/chat/completions", json=payload, headers=headers, timeout=timeout)
+        if r.status_code != 200:
+            out.append({"prompt": prompt, "text": None, "error": f"HTTP {r.status_code}: {r.text[:300]}"})
+            continue
+        choice = r.json()["choices"][0]
+        out.append({"prompt": prompt, "text": choice["message"]["content"], "finish_reason": choice.get("finish_reason")})
+    return out
