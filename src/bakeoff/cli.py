@@ -38,9 +38,16 @@ def _cmd_verify(a: argparse.Namespace) -> None:
 
 
 def _cmd_summarize(a: argparse.Namespace) -> None:
-    from bakeoff.stages.summarize import rows, write_csv
+    from bakeoff.stages.summarize import COLUMNS, rows, write_csv
 
-    write_csv(Path(a.out), rows([Path(p) for p in a.indexes], a.config_hash))
+    records = rows([Path(p) for p in a.indexes], a.config_hash)
+    columns = list(COLUMNS)
+    if a.points:  # sweep axes, roofline and published ratios (bakeoff.summary_extra)
+        from bakeoff.summary_extra import extend
+
+        columns += [c for c in extend(records, json.loads(a.points), Path(a.published) if a.published else None)
+                    if c not in columns]
+    write_csv(Path(a.out), records, columns)
 
 
 def _cmd_load(a: argparse.Namespace) -> None:
@@ -147,6 +154,8 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("indexes", nargs="*", help="cells.json of every variant")
     m.add_argument("--out", default="results/summary.csv")
     m.add_argument("--config-hash", default="")
+    m.add_argument("--points", help="sweep points as JSON (bakeoff.sweep.points_json): adds axis/roofline columns")
+    m.add_argument("--published", help="published numbers YAML: adds measured/published ratio columns")
     m.set_defaults(func=_cmd_summarize)
 
     ld = sub.add_parser("load", help="run the load generator alone against an OpenAI-compatible server")

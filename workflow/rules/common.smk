@@ -5,15 +5,20 @@ from pathlib import Path
 
 from snakemake.exceptions import WorkflowError
 
-from bakeoff.config import config_hash, load_config, overrides_from_snakemake
+from bakeoff.config import config_hash
 from bakeoff.errors import ConfigError
 from bakeoff.stages.build_llamacpp import backend_tag
+from bakeoff.sweep import points_from_snakemake, points_json
 
+# One point per sweep combination (--config sweep="a=1,2"); one point without a sweep.
+# --config composed=params.yaml runs DVC's Hydra-composed config instead (see dvc.yaml).
 try:
-    CFG = load_config(overrides_from_snakemake(config), conf_dir=Path(workflow.basedir) / "conf")
+    POINTS = {p.name: p for p in points_from_snakemake(config, conf_dir=Path(workflow.basedir) / "conf")}
+    POINTS_JSON = points_json(list(POINTS.values()), conf_dir=Path(workflow.basedir) / "conf")
 except ConfigError as e:
     raise WorkflowError(f"bakeoff config: {e}") from None
 
+CFG = next(iter(POINTS.values())).cfg  # the build side (model, formats, toolchain) is shared by all points
 CONFIG_HASH = config_hash(CFG)
 TC = CFG.engines["llamacpp"].toolchain if "llamacpp" in CFG.engines else None
 TOOLCHAIN_ID = f"{TC.commit}-{backend_tag(CFG.hardware)}" if TC else None
@@ -32,7 +37,7 @@ def formats_with(method):
 
 wildcard_constraints:
     model=re.escape(MODEL_NAME),
-    experiment=re.escape(CFG.experiment.name),
+    experiment=_alt(POINTS),
     engine=_alt(CFG.experiment.variants),
     commit="[0-9a-f]{7,40}",
     toolchain="[0-9a-f]{7,40}-[a-z0-9]+",
@@ -77,13 +82,14 @@ def serve_inputs(wildcards):
 
 def serve_spec(wildcards):
     """The config slice a variant's results depend on (a change re-runs it)."""
+    cfg = POINTS[wildcards.experiment].cfg
     return json.dumps({
         "engine_name": wildcards.engine,
-        "engine": CFG.engines[wildcards.engine].model_dump(mode="json"),
-        "hardware": CFG.hardware.model_dump(mode="json"),
-        "load": CFG.load.model_dump(mode="json"),
-        "experiment": CFG.experiment.name,
-        "model": CFG.model.name,
+        "engine": cfg.engines[wildcards.engine].model_dump(mode="json"),
+        "hardware": cfg.hardware.model_dump(mode="json"),
+        "load": cfg.load.model_dump(mode="json"),
+        "experiment": cfg.experiment.name,
+        "model": cfg.model.name,
     }, sort_keys=True)
 
 
@@ -92,8 +98,8 @@ def toolchain_arg(wildcards, input):
 
 
 def cell_indexes():
-    return [CELLS.format(experiment=CFG.experiment.name, model=MODEL_NAME, engine=e, format=f)
-            for e, f in CFG.variants()]
+    return [CELLS.format(experiment=name, model=MODEL_NAME, engine=e, format=f)
+            for name, p in POINTS.items() for e, f in p.cfg.variants()]
 
 
 def all_outputs():

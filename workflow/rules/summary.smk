@@ -1,16 +1,20 @@
-# results/summary.csv: one row per cell of the experiment, unsupported ones included.
+# results/summary.csv: one row per cell of the experiment (every sweep point), unsupported ones included,
+# plus sweep axes, roofline and measured/published ratios (bakeoff.summary_extra).
 
 
 rule summary:
     input:
-        cell_indexes(),
+        cells=cell_indexes(),
+        published="data/published_numbers.yaml",
     output:
         SUMMARY,
     params:
         config_hash=CONFIG_HASH,
+        points=POINTS_JSON,
     log:
         "logs/results/summary.log",
     conda:
         "../../envs/bakeoff.yaml"
     shell:
-        "bakeoff summarize {input} --config-hash {params.config_hash} --out {output} > {log} 2>&1"
+        "bakeoff summarize {input.cells} --config-hash {params.config_hash} --points {params.points:q}"
+        " --published {input.published} --out {output} > {log} 2>&1"
