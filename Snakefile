@@ -15,7 +15,12 @@ min_version("9.0")
 #       c{conc}-p{prompt}[-r{repeat}].jsonl   per-request records of one load cell
 #       c{conc}-p{prompt}[-r{repeat}].json    that cell's metrics, status and reason
 #       cells.json, server.log                the variant's index; its server's log
-#   results/summary.csv                   one row per cell
+#   results/summary.csv                   one row per cell (every sweep point)
+#   results/config.json, versions.json    the invocation's composed config per sweep point; pinned versions
+#   results/plots/<name>.png              report plots (also logged to MLflow)
+#   results/report/{summary,environment}.html   report pages (snakemake --report report.html)
+#   results/metrics.json                  DVC metrics, from the summary
+#   results/mlflow/runs.json              the MLflow parent run and its cell runs of this invocation
 # Each artifact directory is complete exactly when its manifest.json exists.
 # Logs mirror outputs under logs/, benchmark timings under logs/bench/.
 # --------------------------------------------------------------------------
@@ -25,6 +30,12 @@ MODEL_SOURCE = "models/{model}/source/manifest.json"
 MODEL = "models/{model}/{format}/manifest.json"
 CELLS = "results/raw/{experiment}/{model}/{engine}-{format}/cells.json"
 SUMMARY = "results/summary.csv"
+POINTS_FILE = "results/config.json"
+VERSIONS = "results/versions.json"
+PLOT = "results/plots/{name}.png"
+REPORT_PAGE = "results/report/{page}.html"
+DVC_METRICS = "results/metrics.json"
+TRACKED = "results/mlflow/runs.json"
 
 
 include: "workflow/rules/common.smk"
@@ -32,6 +43,8 @@ include: "workflow/rules/toolchain.smk"
 include: "workflow/rules/models.smk"
 include: "workflow/rules/serve.smk"
 include: "workflow/rules/summary.smk"
+include: "workflow/rules/report.smk"
+include: "workflow/rules/track.smk"
 
 
 rule all:

@@ -45,9 +45,64 @@ def _cmd_summarize(a: argparse.Namespace) -> None:
     if a.points:  # sweep axes, roofline and published ratios (bakeoff.summary_extra)
         from bakeoff.summary_extra import extend
 
-        columns += [c for c in extend(records, json.loads(a.points), Path(a.published) if a.published else None)
+        columns += [c for c in extend(records, json.loads(Path(a.points).read_text()), Path(a.published) if a.published else None)
                     if c not in columns]
     write_csv(Path(a.out), records, columns)
+
+
+def _cmd_points(a: argparse.Namespace) -> None:
+    """Write the invocation's sweep points (axes, hash, full config) -- results/config.json."""
+    from bakeoff.artifacts import atomic_write_text
+
+    data = json.loads(a.json)
+    if not isinstance(data, dict) or not data:
+        raise BakeoffError("--json must be a non-empty object of sweep points")
+    atomic_write_text(Path(a.out), json.dumps(data, indent=2, sort_keys=True) + "\n")
+
+
+def _cmd_versions(a: argparse.Namespace) -> None:
+    from bakeoff.artifacts import atomic_write_text
+    from bakeoff.versions import collect
+
+    cfg = json.loads(Path(a.config).read_text())
+    first = next(iter(cfg.values()))
+    tc = (first["config"]["engines"].get("llamacpp") or {}).get("toolchain")
+    v = collect(Path.cwd(), toolchain_manifest=Path(a.toolchain) if a.toolchain else None,
+                source_manifest=Path(a.model_source) if a.model_source else None,
+                hardware_json=Path(a.hardware_json) if a.hardware_json else None,
+                config_hash=" ".join(p["config_hash"] for p in cfg.values()), toolchain_cfg=tc,
+                vllm_image=first["config"]["hardware"].get("vllm_image"))
+    atomic_write_text(Path(a.out), json.dumps(v, indent=2, sort_keys=True) + "\n")
+
+
+def _cmd_plots(a: argparse.Namespace) -> None:
+    from bakeoff.report.plots import render_all
+
+    for p in render_all(Path(a.summary), [Path(p) for p in a.indexes], Path(a.out)):
+        print(p)
+
+
+def _cmd_pages(a: argparse.Namespace) -> None:
+    from bakeoff.report.pages import environment_html, summary_html
+
+    summary_html(Path(a.summary), Path(a.summary_html))
+    environment_html(Path(a.versions), Path(a.config), Path(a.environment_html),
+                     Path(a.hardware_json) if a.hardware_json else None)
+
+
+def _cmd_dvc_metrics(a: argparse.Namespace) -> None:
+    from bakeoff.metrics_json import write
+
+    write(Path(a.summary), Path(a.out))
+
+
+def _cmd_track(a: argparse.Namespace) -> None:
+    from bakeoff.tracking import log_invocation
+
+    rec = log_invocation(summary=Path(a.summary), config_json=Path(a.config), versions_json=Path(a.versions),
+                         cell_indexes=[Path(p) for p in a.indexes], plots=[Path(p) for p in a.plots],
+                         uri=a.uri, experiment=a.experiment, out=Path(a.out), root=Path.cwd())
+    print(f"parent run {rec['parent_run_id']} with {len(rec['children'])} cell runs in {rec['tracking_uri']}")
 
 
 def _cmd_load(a: argparse.Namespace) -> None:
@@ -154,9 +209,53 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("indexes", nargs="*", help="cells.json of every variant")
     m.add_argument("--out", default="results/summary.csv")
     m.add_argument("--config-hash", default="")
-    m.add_argument("--points", help="sweep points as JSON (bakeoff.sweep.points_json): adds axis/roofline columns")
+    m.add_argument("--points", help="results/config.json (sweep points, bakeoff.sweep.points_json): adds axis/roofline columns")
     m.add_argument("--published", help="published numbers YAML: adds measured/published ratio columns")
     m.set_defaults(func=_cmd_summarize)
+
+    pt = sub.add_parser("points", help="write the sweep points JSON (results/config.json)")
+    pt.add_argument("--json", required=True)
+    pt.add_argument("--out", required=True)
+    pt.set_defaults(func=_cmd_points)
+
+    vs = sub.add_parser("versions", help="write the pinned versions (results/versions.json)")
+    vs.add_argument("--config", required=True, help="results/config.json")
+    vs.add_argument("--toolchain", help="llama.cpp toolchain manifest.json")
+    vs.add_argument("--model-source", help="models/<model>/source/manifest.json")
+    vs.add_argument("--hardware-json", help="results/hardware.json (optional; tolerated if absent)")
+    vs.add_argument("--out", required=True)
+    vs.set_defaults(func=_cmd_versions)
+
+    pl = sub.add_parser("plots", help="render the report plots (PNG) from the summary and per-request JSONL")
+    pl.add_argument("indexes", nargs="*", help="cells.json of every variant")
+    pl.add_argument("--summary", required=True)
+    pl.add_argument("--out", required=True, help="output directory")
+    pl.set_defaults(func=_cmd_plots)
+
+    pg = sub.add_parser("pages", help="render the report's HTML pages (summary; hardware + versions)")
+    pg.add_argument("--summary", required=True)
+    pg.add_argument("--versions", required=True)
+    pg.add_argument("--config", required=True)
+    pg.add_argument("--hardware-json")
+    pg.add_argument("--summary-html", required=True)
+    pg.add_argument("--environment-html", required=True)
+    pg.set_defaults(func=_cmd_pages)
+
+    dm = sub.add_parser("dvc-metrics", help="write results/metrics.json (DVC metrics) from the summary")
+    dm.add_argument("summary")
+    dm.add_argument("--out", required=True)
+    dm.set_defaults(func=_cmd_dvc_metrics)
+
+    tr = sub.add_parser("track", help="log this invocation to MLflow (parent run + one child per cell)")
+    tr.add_argument("indexes", nargs="*", help="cells.json of every variant")
+    tr.add_argument("--summary", required=True)
+    tr.add_argument("--config", required=True)
+    tr.add_argument("--versions", required=True)
+    tr.add_argument("--plots", nargs="*", default=[])
+    tr.add_argument("--uri", required=True)
+    tr.add_argument("--experiment", required=True)
+    tr.add_argument("--out", required=True)
+    tr.set_defaults(func=_cmd_track)
 
     ld = sub.add_parser("load", help="run the load generator alone against an OpenAI-compatible server")
     ld.add_argument("--url", required=True, help="base URL, e.g. http://127.0.0.1:8000")

@@ -200,7 +200,7 @@ def overrides_vs_default(cfg: Config, conf_dir: Path | None = None) -> list[str]
 
 
 def points_json(points: list[Point], conf_dir: Path | None = None) -> str:
-    """What the summary needs per point (hardware, axes, hash), as JSON for a rule's params."""
+    """Every point's axes, hash and full composed config, as JSON (``results/config.json``)."""
     return json.dumps({
         p.name: {
             "sweep": " ".join(p.sweep),
@@ -208,5 +208,6 @@ def points_json(points: list[Point], conf_dir: Path | None = None) -> str:
             "config_hash": p.hash,
             "hardware": p.cfg.hardware.model_dump(mode="json"),
             "engines": {e: p.cfg.engines[e].model_dump(mode="json") for e in p.cfg.experiment.variants},
+            "config": p.cfg.model_dump(mode="json"),
         } for p in points
     }, sort_keys=True)

@@ -102,6 +102,16 @@ def cell_indexes():
             for name, p in POINTS.items() for e, f in p.cfg.variants()]
 
 
+def plot_files():
+    from bakeoff.report.plots import PLOTS
+
+    return [PLOT.format(name=Path(p).stem) for p in PLOTS]
+
+
+def report_pages():
+    return [REPORT_PAGE.format(page=p) for p in ("summary", "environment")]
+
+
 def all_outputs():
     """The single source of `rule all`'s targets."""
-    return [SUMMARY]
+    return [SUMMARY, *plot_files(), *report_pages(), DVC_METRICS, *([TRACKED] if CFG.tracking.enabled else [])]

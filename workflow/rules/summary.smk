@@ -5,16 +5,16 @@
 rule summary:
     input:
         cells=cell_indexes(),
+        points=POINTS_FILE,
         published="data/published_numbers.yaml",
     output:
         SUMMARY,
     params:
         config_hash=CONFIG_HASH,
-        points=POINTS_JSON,
     log:
         "logs/results/summary.log",
     conda:
         "../../envs/bakeoff.yaml"
     shell:
-        "bakeoff summarize {input.cells} --config-hash {params.config_hash} --points {params.points:q}"
+        "bakeoff summarize {input.cells} --config-hash {params.config_hash} --points {input.points}"
         " --published {input.published} --out {output} > {log} 2>&1"
