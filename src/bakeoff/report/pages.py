@@ -52,8 +52,10 @@ def summary_html(summary: Path, out: Path) -> None:
 
 
 def _kv_table(title: str, data: dict[str, Any]) -> str:
-    rows = "".join(f"<tr><td class='l'>{html.escape(str(k))}</td><td class='l'>{html.escape(json.dumps(v) if isinstance(v, (dict, list)) else str(v))}</td></tr>"
-                   for k, v in data.items())
+    def show(v: Any) -> str:
+        return html.escape(json.dumps(v) if isinstance(v, (dict, list)) else str(v))
+
+    rows = "".join(f"<tr><td class='l'>{show(k)}</td><td class='l'>{show(v)}</td></tr>" for k, v in data.items())
     return f"<h3>{html.escape(title)}</h3><table>{rows}</table>"
 
 
