@@ -51,12 +51,20 @@ def _cmd_summarize(a: argparse.Namespace) -> None:
 
 
 def _cmd_points(a: argparse.Namespace) -> None:
-    """Write the invocation's sweep points (axes, hash, full config) -- results/config.json."""
-    from bakeoff.artifacts import atomic_write_text
+    """Write the invocation's sweep points (axes, hash, full config) -- results/config.json.
 
-    data = json.loads(a.json)
-    if not isinstance(data, dict) or not data:
-        raise BakeoffError("--json must be a non-empty object of sweep points")
+    Recomposed from Snakemake's ``--config`` entries by the same function the
+    Snakefile uses, so the rule's params stay short (the entries plus hashes).
+    """
+    from bakeoff.artifacts import atomic_write_text
+    from bakeoff.config import find_conf_dir
+    from bakeoff.sweep import points_from_snakemake, points_json
+
+    smk = json.loads(a.smk_config)
+    if not isinstance(smk, dict):
+        raise BakeoffError("--smk-config must be a JSON object (snakemake's --config entries)")
+    conf = find_conf_dir()
+    data = json.loads(points_json(points_from_snakemake(smk, conf_dir=conf), conf_dir=conf))
     atomic_write_text(Path(a.out), json.dumps(data, indent=2, sort_keys=True) + "\n")
 
 
@@ -214,7 +222,8 @@ def build_parser() -> argparse.ArgumentParser:
     m.set_defaults(func=_cmd_summarize)
 
     pt = sub.add_parser("points", help="write the sweep points JSON (results/config.json)")
-    pt.add_argument("--json", required=True)
+    pt.add_argument("--smk-config", required=True, help="snakemake's --config entries as JSON")
+    pt.add_argument("--hashes", default="", help="the points' config hashes (only so a config change re-runs the rule)")
     pt.add_argument("--out", required=True)
     pt.set_defaults(func=_cmd_points)
 

@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bakeoff.config import config_hash, load_config, load_config_file, overrides_from_snakemake
+from bakeoff.config import _hydra_value, config_hash, load_config, load_config_file, overrides_from_snakemake
 from bakeoff.errors import ConfigError
 from bakeoff.schema import Config
 
@@ -76,7 +76,7 @@ def parse_sweep(spec: str | Sequence[str] | None) -> list[list[str]]:
     for o in parsed:
         key = o.get_key_element()
         if o.is_sweep_override():
-            vals = list(o.sweep_string_iterator())
+            vals = [_hydra_value(v) for v in o.sweep_iterator()]
             if not vals:
                 raise ConfigError(f"sweep axis {key!r} has no values")
             axes.append([f"{key}={v}" for v in vals])

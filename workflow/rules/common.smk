@@ -8,18 +8,18 @@ from snakemake.exceptions import WorkflowError
 from bakeoff.config import config_hash
 from bakeoff.errors import ConfigError
 from bakeoff.stages.build_llamacpp import backend_tag
-from bakeoff.sweep import points_from_snakemake, points_json
+from bakeoff.sweep import points_from_snakemake
 
 # One point per sweep combination (--config sweep="a=1,2"); one point without a sweep.
 # --config composed=params.yaml runs DVC's Hydra-composed config instead (see dvc.yaml).
 try:
     POINTS = {p.name: p for p in points_from_snakemake(config, conf_dir=Path(workflow.basedir) / "conf")}
-    POINTS_JSON = points_json(list(POINTS.values()), conf_dir=Path(workflow.basedir) / "conf")
 except ConfigError as e:
     raise WorkflowError(f"bakeoff config: {e}") from None
 
 CFG = next(iter(POINTS.values())).cfg  # the build side (model, formats, toolchain) is shared by all points
 CONFIG_HASH = config_hash(CFG)
+POINT_HASHES = " ".join(f"{n}:{p.hash}" for n, p in POINTS.items())
 TC = CFG.engines["llamacpp"].toolchain if "llamacpp" in CFG.engines else None
 TOOLCHAIN_ID = f"{TC.commit}-{backend_tag(CFG.hardware)}" if TC else None
 MODEL_NAME = CFG.model.name

@@ -8,13 +8,14 @@ rule points:
     output:
         POINTS_FILE,
     params:
-        spec=POINTS_JSON,
+        smk_config=lambda w: json.dumps(config, sort_keys=True),
+        hashes=POINT_HASHES,
     log:
         "logs/results/config.log",
     conda:
         "../../envs/bakeoff.yaml"
     shell:
-        "bakeoff points --json {params.spec:q} --out {output} > {log} 2>&1"
+        "bakeoff points --smk-config {params.smk_config:q} --hashes {params.hashes:q} --out {output} > {log} 2>&1"
 
 
 def versions_inputs(wildcards):
