@@ -182,9 +182,9 @@ def compare(rows: list[dict[str, Any]], pub: Published) -> list[str]:
     """Fill measured/published ratio columns in place; returns the columns added."""
     derived = derive(rows)
     avail = set().union(*(r.keys() for r in rows)) if rows else set()
-    cols = [*derived, *columns_for(pub, avail)]
+    ratio_cols = columns_for(pub, avail)
     for r in rows:
-        for c in cols:
+        for c in ratio_cols:
             r[c] = ""
         refs = []
         for m in pub.measurements():
@@ -196,7 +196,7 @@ def compare(rows: list[dict[str, Any]], pub: Published) -> list[str]:
             if measured is not None and m.reference:
                 r[f"{m.metric}_vs_published"] = measured / m.reference
         r["published_refs"] = " ".join(refs)
-    return cols
+    return [*derived, *ratio_cols]
 
 
 def _get(data: Mapping[str, Any], dotted: str) -> Any:

@@ -137,14 +137,17 @@ def latency_distributions(rows: list[dict[str, str]], cell_dirs: dict[str, Path]
         plt.close(fig)
 
 
-def quality_vs_speed(rows: list[dict[str, str]], out: Path) -> None:
-    """Quality (first quality column present) vs single-stream decode speed (c=1), one point per variant."""
+def quality_vs_speed(rows: list[dict[str, str]], out: Path) -> int:
+    """Quality (first quality column present) vs single-stream decode speed (c=1), one point per variant.
+
+    Returns the number of variants plotted (0: the figure says what is missing).
+    """
+    pts: dict[str, tuple[float, float]] = {}
     metric = next((m for m in QUALITY if any(num(r.get(m)) is not None for r in rows)), None)
     fig, ax = plt.subplots(figsize=(6.5, 4.5))
     if metric is None:
         _empty(ax, "no quality columns in the summary yet\n(" + ", ".join(QUALITY) + ")")
     else:
-        pts: dict[str, tuple[float, float]] = {}
         for r in _ok(rows):
             q, s = num(r.get(metric)), num(r.get("decode_tok_s")) or num(r.get("output_throughput"))
             if q is not None and s is not None and r.get("concurrency") == "1":
@@ -161,6 +164,7 @@ def quality_vs_speed(rows: list[dict[str, str]], out: Path) -> None:
     fig.tight_layout()
     fig.savefig(out, dpi=110)
     plt.close(fig)
+    return len(pts)
 
 
 def roofline_plot(rows: list[dict[str, str]], out: Path) -> None:
