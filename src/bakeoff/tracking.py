@@ -126,8 +126,9 @@ def log_invocation(*, summary: Path, config_json: Path, versions_json: Path, cel
 
     uri = resolve_uri(uri, root)
     mlflow.set_tracking_uri(uri)
-    client = MlflowClient(tracking_uri=uri)
     with store_lock(uri, root):
+        # inside the lock: opening a new sqlite store creates/migrates its tables, which must not race
+        client = MlflowClient(tracking_uri=uri)
         exp = client.get_experiment_by_name(experiment)
         exp_id = exp.experiment_id if exp else client.create_experiment(
             experiment, artifact_location=(root / "mlartifacts").resolve().as_uri())
