@@ -102,6 +102,14 @@ def cell_indexes():
             for name, p in POINTS.items() for e, f in p.cfg.variants()]
 
 
+def versions_inputs(wildcards):
+    """The pinned-versions record reads the toolchain and model manifests (and follows every new summary)."""
+    inputs = {"config": POINTS_FILE, "summary": SUMMARY, "model_source": MODEL_SOURCE.format(model=MODEL_NAME)}
+    if TOOLCHAIN_ID is not None:
+        inputs["toolchain"] = toolchain_manifest()
+    return inputs
+
+
 def plot_files():
     from bakeoff.report.plots import PLOTS
 

@@ -18,13 +18,6 @@ rule points:
         "bakeoff points --smk-config {params.smk_config:q} --hashes {params.hashes:q} --out {output} > {log} 2>&1"
 
 
-def versions_inputs(wildcards):
-    inputs = {"config": POINTS_FILE, "summary": SUMMARY, "model_source": MODEL_SOURCE.format(model=MODEL_NAME)}
-    if TOOLCHAIN_ID is not None:
-        inputs["toolchain"] = toolchain_manifest()
-    return inputs
-
-
 rule versions:
     # After the summary: re-gathered with every new result (git sha, driver, packages may have changed).
     input:
