@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -89,3 +90,18 @@ def test_committed_params_yaml_is_dvcs_composition_of_conf(tmp_path: Path) -> No
     fresh = tmp_path / "params.yaml"
     compose_and_dump(fresh, os.fspath(CONF), None, "config", str(ROOT), [])
     assert (ROOT / "params.yaml").read_text() == fresh.read_text(), "re-generate params.yaml (see README)"
+
+
+def test_seed_vllm_version_ab_plans_both_images() -> None:
+    """The seed's vLLM 0.5 vs 0.6 regression as a sweep: each point's servers get their own image."""
+    images = ["vllm/vllm-openai:v0.5.5", "vllm/vllm-openai:v0.6.3.post1"]
+    out = snakemake("-n", "-p", "--cores", "1", "results/summary.csv", "--config", "experiment=blog_v100",
+                    f"sweep=hardware.vllm_image={','.join(images)}").stdout
+    jobs = out.split("rule serve_load:")[1:]
+    assert len(jobs) == 6  # 2 images x (vllm fp16, vllm fp8, llamacpp q4_k_m)
+    image_of: dict[str, set[str]] = {}
+    for j in jobs:
+        point = re.search(r"results/raw/(blog_v100\.[^/]+)/", j).group(1)
+        image_of.setdefault(point, set()).update(re.findall(r'"vllm_image": "([^"]+)"', j))
+    assert len(image_of) == 2
+    assert sorted(img for imgs in image_of.values() for img in imgs) == images  # one image per point, both used
