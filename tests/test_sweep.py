@@ -89,7 +89,7 @@ def test_committed_params_yaml_is_dvcs_composition_of_conf(tmp_path: Path) -> No
 
     fresh = tmp_path / "params.yaml"
     compose_and_dump(fresh, os.fspath(CONF), None, "config", str(ROOT), [])
-    assert (ROOT / "params.yaml").read_text() == fresh.read_text(), "re-generate params.yaml (see README)"
+    assert (ROOT / "params.yaml").read_text() == fresh.read_text(), "params.yaml is stale: run `bakeoff dvc-params`"
 
 
 def test_seed_vllm_version_ab_plans_both_images() -> None:

@@ -98,6 +98,18 @@ def _cmd_pages(a: argparse.Namespace) -> None:
                      Path(a.hardware_json) if a.hardware_json else None)
 
 
+def _cmd_dvc_params(a: argparse.Namespace) -> None:
+    """Re-compose params.yaml exactly as `dvc exp run` does (DVC's own composer), for `dvc repro`."""
+    from dvc.utils.hydra import compose_and_dump
+
+    from bakeoff.config import find_conf_dir, load_config_file
+
+    conf = find_conf_dir()
+    compose_and_dump(Path(a.out), str(conf), None, "config", str(conf.parent), list(a.overrides))
+    load_config_file(Path(a.out))  # validate what DVC will run
+    print(f"wrote {a.out}")
+
+
 def _cmd_dvc_metrics(a: argparse.Namespace) -> None:
     from bakeoff.metrics_json import write
 
@@ -249,6 +261,11 @@ def build_parser() -> argparse.ArgumentParser:
     pg.add_argument("--summary-html", required=True)
     pg.add_argument("--environment-html", required=True)
     pg.set_defaults(func=_cmd_pages)
+
+    dp = sub.add_parser("dvc-params", help="re-compose params.yaml with DVC's Hydra composer (after editing conf/)")
+    dp.add_argument("overrides", nargs="*", help="Hydra overrides (default: none, the committed default)")
+    dp.add_argument("--out", default="params.yaml")
+    dp.set_defaults(func=_cmd_dvc_params)
 
     dm = sub.add_parser("dvc-metrics", help="write results/metrics.json (DVC metrics) from the summary")
     dm.add_argument("summary")
