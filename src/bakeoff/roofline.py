@@ -17,7 +17,9 @@ Definition (precise, because "efficiency" is easy to define two ways):
   per-sequence ceiling. At c=1 this is single-stream decode vs the bound; at
   c>1 it equals aggregate decode over ``c * B / W`` when all c sequences decode
   together. It ignores KV-cache reads (they grow with context and c), so it is
-  an upper bound on what is reachable, and never "wrong" when it stays < 100 %.
+  an upper bound on what is reachable. A reading above 100 % means B is
+  understated (the CPU's configured estimate) or the weights partly fit in
+  cache (tiny models): measure B rather than trust it then.
 
 ``B`` is ``hardware.mem_bandwidth_gbs`` (per GPU; on CPU, the configured or
 measured system bandwidth), times the GPUs that read disjoint weight shards in
