@@ -20,6 +20,12 @@ min_version("9.0")
 #       samples.json                          its generations of the fixed prompt set
 #   results/summary.csv                   one row per cell, quality columns joined per variant
 #   results/samples/{experiment}/{model}.md   every variant's generations, side by side
+#   results/summary.csv                   one row per cell (every sweep point)
+#   results/config.json, versions.json    the invocation's composed config per sweep point; pinned versions
+#   results/plots/<name>.png              report plots (also logged to MLflow)
+#   results/report/{summary,environment}.html   report pages (snakemake --report report.html)
+#   results/metrics.json                  DVC metrics, from the summary
+#   results/mlflow/runs.json              the MLflow parent run and its cell runs of this invocation
 # Each artifact directory is complete exactly when its manifest.json exists.
 # Logs mirror outputs under logs/, benchmark timings under logs/bench/.
 # --------------------------------------------------------------------------
@@ -33,6 +39,12 @@ QUALITY = "results/raw/{experiment}/{model}/{engine}-{format}/quality.json"
 VARIANT_SAMPLES = "results/raw/{experiment}/{model}/{engine}-{format}/samples.json"
 SUMMARY = "results/summary.csv"
 SAMPLES = "results/samples/{experiment}/{model}.md"
+POINTS_FILE = "results/config.json"
+VERSIONS = "results/versions.json"
+PLOT = "results/plots/{name}.png"
+REPORT_PAGE = "results/report/{page}.html"
+DVC_METRICS = "results/metrics.json"
+TRACKED = "results/mlflow/runs.json"
 
 
 include: "workflow/rules/common.smk"
@@ -41,6 +53,8 @@ include: "workflow/rules/models.smk"
 include: "workflow/rules/serve.smk"
 include: "workflow/rules/summary.smk"
 include: "workflow/rules/samples.smk"
+include: "workflow/rules/report.smk"
+include: "workflow/rules/track.smk"
 
 
 rule all:

@@ -38,9 +38,91 @@ def _cmd_verify(a: argparse.Namespace) -> None:
 
 
 def _cmd_summarize(a: argparse.Namespace) -> None:
-    from bakeoff.stages.summarize import rows, write_csv
+    from bakeoff.stages.summarize import COLUMNS, rows, write_csv
 
-    write_csv(Path(a.out), rows([Path(p) for p in a.indexes], a.config_hash))
+    records = rows([Path(p) for p in a.indexes], a.config_hash)
+    columns = list(COLUMNS)
+    if a.points:  # sweep axes, roofline and published ratios (bakeoff.summary_extra)
+        from bakeoff.summary_extra import extend
+
+        columns += [c for c in extend(records, json.loads(Path(a.points).read_text()), Path(a.published) if a.published else None)
+                    if c not in columns]
+    write_csv(Path(a.out), records, columns)
+
+
+def _cmd_points(a: argparse.Namespace) -> None:
+    """Write the invocation's sweep points (axes, hash, full config) -- results/config.json.
+
+    Recomposed from Snakemake's ``--config`` entries by the same function the
+    Snakefile uses, so the rule's params stay short (the entries plus hashes).
+    """
+    from bakeoff.artifacts import atomic_write_text
+    from bakeoff.config import find_conf_dir
+    from bakeoff.sweep import points_from_snakemake, points_json
+
+    smk = json.loads(a.smk_config)
+    if not isinstance(smk, dict):
+        raise BakeoffError("--smk-config must be a JSON object (snakemake's --config entries)")
+    conf = find_conf_dir()
+    data = json.loads(points_json(points_from_snakemake(smk, conf_dir=conf), conf_dir=conf))
+    atomic_write_text(Path(a.out), json.dumps(data, indent=2, sort_keys=True) + "\n")
+
+
+def _cmd_versions(a: argparse.Namespace) -> None:
+    from bakeoff.artifacts import atomic_write_text
+    from bakeoff.versions import collect
+
+    cfg = json.loads(Path(a.config).read_text())
+    first = next(iter(cfg.values()))
+    tc = (first["config"]["engines"].get("llamacpp") or {}).get("toolchain")
+    v = collect(Path.cwd(), toolchain_manifest=Path(a.toolchain) if a.toolchain else None,
+                source_manifest=Path(a.model_source) if a.model_source else None,
+                hardware_json=Path(a.hardware_json) if a.hardware_json else None,
+                config_hash=" ".join(p["config_hash"] for p in cfg.values()), toolchain_cfg=tc,
+                vllm_image=first["config"]["hardware"].get("vllm_image"))
+    atomic_write_text(Path(a.out), json.dumps(v, indent=2, sort_keys=True) + "\n")
+
+
+def _cmd_plots(a: argparse.Namespace) -> None:
+    from bakeoff.report.plots import render_all
+
+    for p in render_all(Path(a.summary), [Path(p) for p in a.indexes], Path(a.out)):
+        print(p)
+
+
+def _cmd_pages(a: argparse.Namespace) -> None:
+    from bakeoff.report.pages import environment_html, summary_html
+
+    summary_html(Path(a.summary), Path(a.summary_html))
+    environment_html(Path(a.versions), Path(a.config), Path(a.environment_html),
+                     Path(a.hardware_json) if a.hardware_json else None)
+
+
+def _cmd_dvc_params(a: argparse.Namespace) -> None:
+    """Re-compose params.yaml exactly as `dvc exp run` does (DVC's own composer), for `dvc repro`."""
+    from dvc.utils.hydra import compose_and_dump
+
+    from bakeoff.config import find_conf_dir, load_config_file
+
+    conf = find_conf_dir()
+    compose_and_dump(Path(a.out), str(conf), None, "config", str(conf.parent), list(a.overrides))
+    load_config_file(Path(a.out))  # validate what DVC will run
+    print(f"wrote {a.out}")
+
+
+def _cmd_dvc_metrics(a: argparse.Namespace) -> None:
+    from bakeoff.metrics_json import write
+
+    write(Path(a.summary), Path(a.out))
+
+
+def _cmd_track(a: argparse.Namespace) -> None:
+    from bakeoff.tracking import log_invocation
+
+    rec = log_invocation(summary=Path(a.summary), config_json=Path(a.config), versions_json=Path(a.versions),
+                         cell_indexes=[Path(p) for p in a.indexes], plots=[Path(p) for p in a.plots],
+                         uri=a.uri, experiment=a.experiment, out=Path(a.out), root=Path.cwd())
+    print(f"parent run {rec['parent_run_id']} with {len(rec['children'])} cell runs in {rec['tracking_uri']}")
 
 
 def _cmd_samples(a: argparse.Namespace) -> None:
@@ -161,12 +243,64 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("indexes", nargs="*", help="cells.json of every variant")
     m.add_argument("--out", default="results/summary.csv")
     m.add_argument("--config-hash", default="")
+    m.add_argument("--points", help="results/config.json (sweep points, bakeoff.sweep.points_json): adds axis/roofline columns")
+    m.add_argument("--published", help="published numbers YAML: adds measured/published ratio columns")
     m.set_defaults(func=_cmd_summarize)
 
     sm = sub.add_parser("samples", help="write the variants' sample generations side by side (markdown + json)")
     sm.add_argument("variants", nargs="+", help="samples.json of every variant")
     sm.add_argument("--out", required=True)
     sm.set_defaults(func=_cmd_samples)
+
+    pt = sub.add_parser("points", help="write the sweep points JSON (results/config.json)")
+    pt.add_argument("--smk-config", required=True, help="snakemake's --config entries as JSON")
+    pt.add_argument("--hashes", default="", help="the points' config hashes (only so a config change re-runs the rule)")
+    pt.add_argument("--out", required=True)
+    pt.set_defaults(func=_cmd_points)
+
+    vs = sub.add_parser("versions", help="write the pinned versions (results/versions.json)")
+    vs.add_argument("--config", required=True, help="results/config.json")
+    vs.add_argument("--toolchain", help="llama.cpp toolchain manifest.json")
+    vs.add_argument("--model-source", help="models/<model>/source/manifest.json")
+    vs.add_argument("--hardware-json", help="results/hardware.json (optional; tolerated if absent)")
+    vs.add_argument("--out", required=True)
+    vs.set_defaults(func=_cmd_versions)
+
+    pl = sub.add_parser("plots", help="render the report plots (PNG) from the summary and per-request JSONL")
+    pl.add_argument("indexes", nargs="*", help="cells.json of every variant")
+    pl.add_argument("--summary", required=True)
+    pl.add_argument("--out", required=True, help="output directory")
+    pl.set_defaults(func=_cmd_plots)
+
+    pg = sub.add_parser("pages", help="render the report's HTML pages (summary; hardware + versions)")
+    pg.add_argument("--summary", required=True)
+    pg.add_argument("--versions", required=True)
+    pg.add_argument("--config", required=True)
+    pg.add_argument("--hardware-json")
+    pg.add_argument("--summary-html", required=True)
+    pg.add_argument("--environment-html", required=True)
+    pg.set_defaults(func=_cmd_pages)
+
+    dp = sub.add_parser("dvc-params", help="re-compose params.yaml with DVC's Hydra composer (after editing conf/)")
+    dp.add_argument("overrides", nargs="*", help="Hydra overrides (default: none, the committed default)")
+    dp.add_argument("--out", default="params.yaml")
+    dp.set_defaults(func=_cmd_dvc_params)
+
+    dm = sub.add_parser("dvc-metrics", help="write results/metrics.json (DVC metrics) from the summary")
+    dm.add_argument("summary")
+    dm.add_argument("--out", required=True)
+    dm.set_defaults(func=_cmd_dvc_metrics)
+
+    tr = sub.add_parser("track", help="log this invocation to MLflow (parent run + one child per cell)")
+    tr.add_argument("indexes", nargs="*", help="cells.json of every variant")
+    tr.add_argument("--summary", required=True)
+    tr.add_argument("--config", required=True)
+    tr.add_argument("--versions", required=True)
+    tr.add_argument("--plots", nargs="*", default=[])
+    tr.add_argument("--uri", required=True)
+    tr.add_argument("--experiment", required=True)
+    tr.add_argument("--out", required=True)
+    tr.set_defaults(func=_cmd_track)
 
     ld = sub.add_parser("load", help="run the load generator alone against an OpenAI-compatible server")
     ld.add_argument("--url", required=True, help="base URL, e.g. http://127.0.0.1:8000")

@@ -105,3 +105,28 @@ def config_hash(cfg: Config) -> str:
     """Short, stable hash of the resolved config (recorded with every result)."""
     blob = json.dumps(cfg.model_dump(mode="json"), sort_keys=True).encode()
     return hashlib.sha256(blob).hexdigest()[:16]
+
+
+def load_config_file(path: Path) -> Config:
+    """Validate a pre-composed config (DVC's Hydra-composed ``params.yaml``) with the same schema.
+
+    Why: ``dvc exp run -S key=value`` composes ``conf/`` itself and writes the
+    result to ``params.yaml``; the pipeline must run exactly that config, not
+    re-compose its own. Validation is the same pydantic schema as
+    :func:`load_config`, so a bad ``-S`` value fails the same way.
+    """
+    import yaml
+
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(f"composed config {p} does not exist (run `dvc exp run`, or drop composed=)")
+    try:
+        raw = yaml.safe_load(p.read_text())
+    except yaml.YAMLError as e:
+        raise ConfigError(f"composed config {p} is not valid YAML: {e}") from None
+    if not isinstance(raw, dict):
+        raise ConfigError(f"composed config {p} must be a mapping, got {type(raw).__name__}")
+    try:
+        return Config.model_validate(raw)
+    except ValidationError as e:
+        raise ConfigError(f"{p}: {_format_validation(e)}") from None

@@ -160,6 +160,18 @@ class EvalCfg(_Strict):
         return self.limit
 
 
+class TrackingCfg(_Strict):
+    """MLflow: where runs go. sqlite is MLflow 3's default (the ./mlruns file store errors from 3.13).
+
+    A relative ``sqlite:///file.db`` is resolved against the project root, so
+    every job and ``mlflow ui`` started there see the same store.
+    """
+
+    enabled: bool = True
+    uri: str = "sqlite:///mlflow.db"
+    experiment: str = "bakeoff"
+
+
 class ExperimentCfg(_Strict):
     name: str = Field(pattern=SLUG)
     description: str = ""
@@ -186,6 +198,7 @@ class Config(_Strict):
     engines: dict[str, EngineCfg]
     formats: dict[str, QuantCfg]
     experiment: ExperimentCfg
+    tracking: TrackingCfg = TrackingCfg()
 
     @model_validator(mode="after")
     def _cross_checks(self) -> Config:

@@ -5,16 +5,21 @@ from pathlib import Path
 
 from snakemake.exceptions import WorkflowError
 
-from bakeoff.config import config_hash, load_config, overrides_from_snakemake
+from bakeoff.config import config_hash
 from bakeoff.errors import ConfigError
 from bakeoff.stages.build_llamacpp import backend_tag
+from bakeoff.sweep import points_from_snakemake
 
+# One point per sweep combination (--config sweep="a=1,2"); one point without a sweep.
+# --config composed=params.yaml runs DVC's Hydra-composed config instead (see dvc.yaml).
 try:
-    CFG = load_config(overrides_from_snakemake(config), conf_dir=Path(workflow.basedir) / "conf")
+    POINTS = {p.name: p for p in points_from_snakemake(config, conf_dir=Path(workflow.basedir) / "conf")}
 except ConfigError as e:
     raise WorkflowError(f"bakeoff config: {e}") from None
 
+CFG = next(iter(POINTS.values())).cfg  # the build side (model, formats, toolchain) is shared by all points
 CONFIG_HASH = config_hash(CFG)
+POINT_HASHES = " ".join(f"{n}:{p.hash}" for n, p in POINTS.items())
 TC = CFG.engines["llamacpp"].toolchain if "llamacpp" in CFG.engines else None
 TOOLCHAIN_ID = f"{TC.commit}-{backend_tag(CFG.hardware)}" if TC else None
 MODEL_NAME = CFG.model.name
@@ -32,7 +37,7 @@ def formats_with(method):
 
 wildcard_constraints:
     model=re.escape(MODEL_NAME),
-    experiment=re.escape(CFG.experiment.name),
+    experiment=_alt(POINTS),
     engine=_alt(CFG.experiment.variants),
     commit="[0-9a-f]{7,40}",
     toolchain="[0-9a-f]{7,40}-[a-z0-9]+",
@@ -85,15 +90,16 @@ def pybinding_manifest():
 
 def serve_spec(wildcards):
     """The config slice a variant's results depend on (a change re-runs it)."""
+    cfg = POINTS[wildcards.experiment].cfg
     return json.dumps({
         "engine_name": wildcards.engine,
-        "engine": CFG.engines[wildcards.engine].model_dump(mode="json"),
-        "hardware": CFG.hardware.model_dump(mode="json"),
-        "load": CFG.load.model_dump(mode="json"),
-        "experiment": CFG.experiment.name,
-        "model": CFG.model.name,
-        "model_source": CFG.model.source,
-        "eval": CFG.eval.model_dump(mode="json"),
+        "engine": cfg.engines[wildcards.engine].model_dump(mode="json"),
+        "hardware": cfg.hardware.model_dump(mode="json"),
+        "load": cfg.load.model_dump(mode="json"),
+        "experiment": cfg.experiment.name,
+        "model": cfg.model.name,
+        "model_source": cfg.model.source,
+        "eval": cfg.eval.model_dump(mode="json"),
     }, sort_keys=True)
 
 
@@ -105,15 +111,39 @@ def toolchain_arg(wildcards, input):
 
 
 def cell_indexes():
-    return [CELLS.format(experiment=CFG.experiment.name, model=MODEL_NAME, engine=e, format=f)
-            for e, f in CFG.variants()]
+    return [CELLS.format(experiment=name, model=MODEL_NAME, engine=e, format=f)
+            for name, p in POINTS.items() for e, f in p.cfg.variants()]
 
 
-def variant_files(pattern):
-    return [pattern.format(experiment=CFG.experiment.name, model=MODEL_NAME, engine=e, format=f)
-            for e, f in CFG.variants()]
+def versions_inputs(wildcards):
+    """The pinned-versions record reads the toolchain and model manifests (and follows every new summary)."""
+    inputs = {"config": POINTS_FILE, "summary": SUMMARY, "model_source": MODEL_SOURCE.format(model=MODEL_NAME)}
+    if TOOLCHAIN_ID is not None:
+        inputs["toolchain"] = toolchain_manifest()
+    return inputs
+
+
+def plot_files():
+    from bakeoff.report.plots import PLOTS
+
+    return [PLOT.format(name=Path(p).stem) for p in PLOTS]
+
+
+def report_pages():
+    return [REPORT_PAGE.format(page=p) for p in ("summary", "environment")]
+
+
+def variant_files(pattern, experiment=None):
+    """``pattern`` for every variant of every sweep point (or of one point)."""
+    return [pattern.format(experiment=name, model=MODEL_NAME, engine=e, format=f)
+            for name, p in POINTS.items() if experiment in (None, name) for e, f in p.cfg.variants()]
+
+
+def sample_files():
+    return [SAMPLES.format(experiment=name, model=MODEL_NAME) for name in POINTS]
 
 
 def all_outputs():
     """The single source of `rule all`'s targets."""
-    return [SUMMARY, SAMPLES.format(experiment=CFG.experiment.name, model=MODEL_NAME)]
+    return [SUMMARY, *sample_files(), *plot_files(), *report_pages(), DVC_METRICS,
+            *([TRACKED] if CFG.tracking.enabled else [])]

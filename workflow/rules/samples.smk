@@ -3,7 +3,7 @@
 
 rule samples:
     input:
-        variant_files(VARIANT_SAMPLES),
+        lambda w: variant_files(VARIANT_SAMPLES, w.experiment),
     output:
         SAMPLES,
     log:

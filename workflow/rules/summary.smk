@@ -1,4 +1,5 @@
-# results/summary.csv: one row per cell of the experiment, unsupported ones included.
+# results/summary.csv: one row per cell of the experiment (every sweep point), unsupported ones included,
+# plus sweep axes, roofline and measured/published ratios (bakeoff.summary_extra).
 
 
 rule summary:
@@ -6,7 +7,9 @@ rule summary:
         cells=cell_indexes(),
         quality=variant_files(QUALITY),
         # Not read by the summary: listed so `snakemake results/summary.csv` also writes the samples.
-        samples=SAMPLES.format(experiment=CFG.experiment.name, model=MODEL_NAME),
+        samples=sample_files(),
+        points=POINTS_FILE,
+        published="data/published_numbers.yaml",
     output:
         SUMMARY,
     params:
@@ -16,4 +19,5 @@ rule summary:
     conda:
         "../../envs/bakeoff.yaml"
     shell:
-        "bakeoff summarize {input.cells} --config-hash {params.config_hash} --out {output} > {log} 2>&1"
+        "bakeoff summarize {input.cells} --config-hash {params.config_hash} --points {input.points}"
+        " --published {input.published} --out {output} > {log} 2>&1"

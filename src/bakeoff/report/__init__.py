@@ -1,0 +1,1 @@
+"""Report artifacts: plots (PNG) and HTML pages for ``snakemake --report`` and MLflow."""

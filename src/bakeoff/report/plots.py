@@ -1,0 +1,206 @@
+"""Plots from ``results/summary.csv`` and the per-request JSONL.
+
+Why PNG files written by one stage: the same images go into the Snakemake
+report and into MLflow, so they are made once. Every plot renders even when
+its data is missing (quality columns before the quality stage exists, a
+variant with no successful cell): it then says what is missing instead of
+failing the pipeline.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+from collections import defaultdict
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")  # headless: never needs a display
+import matplotlib.pyplot as plt  # noqa: E402
+
+from bakeoff.artifacts import staged_dir  # noqa: E402
+
+PLOTS = ["throughput_vs_concurrency.png", "ttft.png", "tpot.png", "quality_vs_speed.png", "roofline.png"]
+QUALITY = ["ppl", "accuracy", "ppl_delta_vs_fp16", "kl_vs_fp16"]
+
+
+def read_summary(path: Path) -> list[dict[str, str]]:
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def num(v: Any) -> float | None:
+    if v is None or v == "":
+        return None
+    try:
+        f = float(v)
+    except (TypeError, ValueError):
+        return None
+    return f if math.isfinite(f) else None
+
+
+def variant(r: dict[str, str]) -> str:
+    label = f"{r['engine']}-{r['format']}"
+    if r.get("sweep"):
+        label += f" [{r['sweep']}]"
+    elif r.get("experiment") and "." in r["experiment"]:
+        label += f" [{r['experiment'].split('.', 1)[1]}]"
+    return label
+
+
+def _empty(ax: Any, msg: str) -> None:
+    ax.text(0.5, 0.5, msg, ha="center", va="center", wrap=True, transform=ax.transAxes, fontsize=10, color="0.4")
+    ax.set_xticks([])
+    ax.set_yticks([])
+
+
+def _ok(rows: Iterable[dict[str, str]]) -> list[dict[str, str]]:
+    return [r for r in rows if r.get("status") == "ok"]
+
+
+def throughput_vs_concurrency(rows: list[dict[str, str]], out: Path) -> None:
+    prompts = sorted({int(r["prompt_len"]) for r in rows if r.get("prompt_len")}) or [0]
+    fig, axes = plt.subplots(1, len(prompts), figsize=(6 * len(prompts), 4.5), squeeze=False)
+    for ax, p in zip(axes[0], prompts, strict=True):
+        series: dict[str, list[tuple[int, float]]] = defaultdict(list)
+        for r in _ok(rows):
+            if int(r["prompt_len"]) == p and (y := num(r.get("output_throughput"))) is not None:
+                series[variant(r)].append((int(r["concurrency"]), y))
+        if not series:
+            _empty(ax, f"no successful cells at prompt {p}")
+            continue
+        for name, pts in sorted(series.items()):
+            pts.sort()
+            ax.plot([c for c, _ in pts], [y for _, y in pts], marker="o", label=name)
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("concurrency")
+        ax.set_ylabel("output tokens/s (aggregate)")
+        ax.set_title(f"prompt {p} tokens")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.suptitle("Output throughput vs concurrency, per variant")
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+
+
+def request_latencies(jsonl: Path) -> tuple[list[float], list[float]]:
+    """TTFT and TPOT (ms) of the successful requests in one cell's JSONL."""
+    ttft, tpot = [], []
+    with open(jsonl) as f:
+        for line in f:
+            rec = json.loads(line)
+            if not rec.get("success"):
+                continue
+            if (t := num(rec.get("ttft"))) is not None:
+                ttft.append(1000 * t)
+                e2e, n = num(rec.get("e2el")), rec.get("output_tokens") or 0
+                if e2e is not None and n > 1:
+                    tpot.append(1000 * (e2e - t) / (n - 1))
+    return ttft, tpot
+
+
+def latency_distributions(rows: list[dict[str, str]], cell_dirs: dict[str, Path], out_ttft: Path, out_tpot: Path) -> None:
+    """Box plots per variant and concurrency, all prompt lengths pooled."""
+    data: dict[str, dict[tuple[str, int], list[float]]] = {"ttft": defaultdict(list), "tpot": defaultdict(list)}
+    for r in _ok(rows):
+        d = cell_dirs.get(f"{r['experiment']}/{r['engine']}-{r['format']}")
+        if d is None:
+            continue
+        name = f"c{r['concurrency']}-p{r['prompt_len']}" + (f"-r{r['repeat']}" if r.get("repeat") not in ("", "0") else "")
+        jsonl = d / f"{name}.jsonl"
+        if not jsonl.is_file():
+            continue
+        ttft, tpot = request_latencies(jsonl)
+        key = (variant(r), int(r["concurrency"]))
+        data["ttft"][key] += ttft
+        data["tpot"][key] += tpot
+    for metric, out in (("ttft", out_ttft), ("tpot", out_tpot)):
+        series = data[metric]
+        fig, ax = plt.subplots(figsize=(max(6, 0.5 * len(series) + 2), 4.5))
+        if not series:
+            _empty(ax, f"no per-request records with {metric.upper()}")
+        else:
+            keys = sorted(series, key=lambda k: (k[0], k[1]))
+            ax.boxplot([series[k] for k in keys], showfliers=True)
+            ax.set_xticks(range(1, len(keys) + 1), [f"{v}\nc={c}" for v, c in keys], rotation=90, fontsize=7)
+            ax.set_yscale("log")
+            ax.set_ylabel(f"{metric.upper()} per request, ms")
+            ax.grid(alpha=0.3, axis="y")
+        ax.set_title(f"{metric.upper()} distribution per variant and concurrency (all prompt lengths)")
+        fig.tight_layout()
+        fig.savefig(out, dpi=110)
+        plt.close(fig)
+
+
+def quality_vs_speed(rows: list[dict[str, str]], out: Path) -> int:
+    """Quality (first quality column present) vs single-stream decode speed (c=1), one point per variant.
+
+    Returns the number of variants plotted (0: the figure says what is missing).
+    """
+    pts: dict[str, tuple[float, float]] = {}
+    metric = next((m for m in QUALITY if any(num(r.get(m)) is not None for r in rows)), None)
+    fig, ax = plt.subplots(figsize=(6.5, 4.5))
+    if metric is None:
+        _empty(ax, "no quality columns in the summary yet\n(" + ", ".join(QUALITY) + ")")
+    else:
+        for r in _ok(rows):
+            q, s = num(r.get(metric)), num(r.get("decode_tok_s")) or num(r.get("output_throughput"))
+            if q is not None and s is not None and r.get("concurrency") == "1":
+                pts.setdefault(variant(r), (s, q))
+        if not pts:
+            _empty(ax, f"no variant has both {metric} and a c=1 speed")
+        for name, (s, q) in sorted(pts.items()):
+            ax.scatter([s], [q])
+            ax.annotate(name, (s, q), fontsize=8, xytext=(4, 4), textcoords="offset points")
+        ax.set_xlabel("single-stream decode, tokens/s (c=1)")
+        ax.set_ylabel(metric)
+        ax.grid(alpha=0.3)
+    ax.set_title("Quality vs speed")
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return len(pts)
+
+
+def roofline_plot(rows: list[dict[str, str]], out: Path) -> None:
+    """Decode efficiency (% of the bandwidth ceiling) vs concurrency per variant."""
+    series: dict[str, list[tuple[int, float]]] = defaultdict(list)
+    for r in _ok(rows):
+        if (e := num(r.get("decode_efficiency_pct"))) is not None:
+            series[f"{variant(r)} p{r['prompt_len']}"].append((int(r["concurrency"]), e))
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    if not series:
+        _empty(ax, "no roofline data (hardware.mem_bandwidth_gbs or weight_bytes missing)")
+    for name, pts in sorted(series.items()):
+        pts.sort()
+        ax.plot([c for c, _ in pts], [e for _, e in pts], marker="o", label=name)
+    if series:
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("concurrency")
+        ax.set_ylabel("per-sequence decode, % of B/W ceiling")
+        ax.legend(fontsize=7)
+        ax.grid(alpha=0.3)
+    ax.set_title("Decode roofline efficiency")
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+
+
+def render_all(summary: Path, cell_indexes: list[Path], out_dir: Path) -> list[Path]:
+    """Write every plot into ``out_dir`` (atomically: all or none)."""
+    rows = read_summary(summary)
+    cell_dirs = {}
+    for idx in cell_indexes:
+        variant_dir = Path(idx).parent
+        cell_dirs[f"{variant_dir.parent.parent.name}/{variant_dir.name}"] = variant_dir
+    with staged_dir(out_dir) as tmp:
+        throughput_vs_concurrency(rows, tmp / PLOTS[0])
+        latency_distributions(rows, cell_dirs, tmp / PLOTS[1], tmp / PLOTS[2])
+        quality_vs_speed(rows, tmp / PLOTS[3])
+        roofline_plot(rows, tmp / PLOTS[4])
+    return [out_dir / p for p in PLOTS]

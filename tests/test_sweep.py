@@ -1,0 +1,107 @@
+"""Sweeps: Hydra sweep syntax from the command line becomes one DAG with one point per combination."""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+import pytest
+
+from bakeoff.errors import ConfigError
+from bakeoff.summary_extra import extend
+from bakeoff.sweep import parse_sweep, points_from_snakemake, points_json
+
+from conftest import ROOT, snakemake
+
+CONF = ROOT / "conf"
+SMALL = "experiment.variants.vllm=[fp16] experiment.variants.llamacpp=[q4_k_m]"
+
+
+def test_parse_sweep_is_the_cartesian_product_in_order() -> None:
+    assert parse_sweep("a=1,2 b=x c=true,false") == [
+        ["a=1", "b=x", "c=true"], ["a=1", "b=x", "c=false"], ["a=2", "b=x", "c=true"], ["a=2", "b=x", "c=false"]]
+    assert parse_sweep("hardware.vllm_image=range(1,3)") == [["hardware.vllm_image=1"], ["hardware.vllm_image=2"]]
+    assert parse_sweep(None) == [[]]
+    with pytest.raises(ConfigError, match="cannot parse sweep"):
+        parse_sweep("a=[1,")
+
+
+def test_points_carry_their_axis_values() -> None:
+    pts = points_from_snakemake({"overrides": SMALL, "sweep": "engines.llamacpp.settings.parallel=2,4 "
+                                                              "engines.vllm.settings.enforce_eager=true,false"}, CONF)
+    assert [p.name for p in pts] == ["smoke.parallel2-enforce_eagertrue", "smoke.parallel2-enforce_eagerfalse",
+                                     "smoke.parallel4-enforce_eagertrue", "smoke.parallel4-enforce_eagerfalse"]
+    assert pts[0].sweep == ("engines.llamacpp.settings.parallel=2", "engines.vllm.settings.enforce_eager=true")
+    assert pts[0].cfg.engines["llamacpp"].settings["parallel"] == 2
+    assert pts[3].cfg.engines["vllm"].settings["enforce_eager"] is False
+    assert len({p.hash for p in pts}) == 4
+    # the summary's axis columns come from the points
+    import json
+
+    data = json.loads(points_json(pts, CONF))
+    rows = [{"experiment": p.name, "engine": "llamacpp", "format": "q4_k_m", "concurrency": "1",
+             "median_tpot_ms": "10", "weight_bytes": "1e8", "engine_settings": ""} for p in pts]
+    extend(rows, data, None)
+    assert rows[2]["sweep"] == "engines.llamacpp.settings.parallel=4 engines.vllm.settings.enforce_eager=true"
+    # overrides = what differs from the experiment's defaults (parallel=4 is smoke's default)
+    assert not any(o.startswith("engines.llamacpp.settings.parallel") for o in rows[2]["overrides"].split())
+    assert "engines.llamacpp.settings.parallel=2" in rows[0]["overrides"].split()
+    assert rows[1]["config_hash"] == pts[1].hash
+
+
+def test_sweeping_the_build_side_is_refused() -> None:
+    with pytest.raises(ConfigError, match="changes the model, formats"):
+        points_from_snakemake({"sweep": "formats.q4_k_m.gguf_type=Q4_K_M,Q5_K_M"}, CONF)
+    with pytest.raises(ConfigError, match="cannot be combined"):
+        points_from_snakemake({"composed": "params.yaml", "sweep": "load.output_len=8,16"}, CONF)
+
+
+def test_sweep_plans_one_variant_job_per_point() -> None:
+    out = snakemake("-n", "--cores", "1", "results/summary.csv", "--config", f"overrides={SMALL}",
+                    "sweep=engines.llamacpp.settings.parallel=2,4 engines.vllm.settings.enforce_eager=true,false").stdout
+    planned = {line.split("output:", 1)[1].strip() for line in out.splitlines() if "output: results/raw/" in line}
+    expect = {f"results/raw/smoke.parallel{p}-enforce_eager{e}/smollm2-135m/{v}/cells.json"
+              for p in (2, 4) for e in ("true", "false") for v in ("vllm-fp16", "llamacpp-q4_k_m")}
+    assert planned == expect
+    assert out.count("rule serve_load:") == 8
+    assert "rule quantize_gguf:" not in out  # the build side is shared and already built
+
+
+def test_dvc_composed_params_drive_the_dag(tmp_path: Path) -> None:
+    """`dvc exp run -S load.concurrency=[1,8,32,64]`: DVC's own composition -> params.yaml -> Snakemake's plan."""
+    from dvc.utils.hydra import compose_and_dump
+
+    params = tmp_path / "params.yaml"
+    compose_and_dump(params, str(CONF), None, "config", str(ROOT), ["load.concurrency=[1,8,32,64]"])
+    out = snakemake("-n", "--cores", "1", "results/summary.csv", "--config", f"composed={params}").stdout
+    assert out.count("rule serve_load:") == 6  # every variant re-measures; nothing is rebuilt
+    assert "rule model_fp16:" not in out
+    bad = tmp_path / "bad.yaml"
+    compose_and_dump(bad, str(CONF), None, "config", str(ROOT), ["load.concurrency=[0]"])
+    proc = snakemake("-n", "--cores", "1", "--config", f"composed={bad}", check=False)
+    assert proc.returncode != 0 and "load.concurrency.0" in proc.stdout + proc.stderr
+
+
+def test_committed_params_yaml_is_dvcs_composition_of_conf(tmp_path: Path) -> None:
+    """`dvc repro` runs params.yaml as committed; it must equal what `dvc exp run` would compose."""
+    from dvc.utils.hydra import compose_and_dump
+
+    fresh = tmp_path / "params.yaml"
+    compose_and_dump(fresh, os.fspath(CONF), None, "config", str(ROOT), [])
+    assert (ROOT / "params.yaml").read_text() == fresh.read_text(), "params.yaml is stale: run `bakeoff dvc-params`"
+
+
+def test_seed_vllm_version_ab_plans_both_images() -> None:
+    """The seed's vLLM 0.5 vs 0.6 regression as a sweep: each point's servers get their own image."""
+    images = ["vllm/vllm-openai:v0.5.5", "vllm/vllm-openai:v0.6.3.post1"]
+    out = snakemake("-n", "-p", "--cores", "1", "results/summary.csv", "--config", "experiment=blog_v100",
+                    f"sweep=hardware.vllm_image={','.join(images)}").stdout
+    jobs = out.split("rule serve_load:")[1:]
+    assert len(jobs) == 6  # 2 images x (vllm fp16, vllm fp8, llamacpp q4_k_m)
+    image_of: dict[str, set[str]] = {}
+    for j in jobs:
+        point = re.search(r"results/raw/(blog_v100\.[^/]+)/", j).group(1)
+        image_of.setdefault(point, set()).update(re.findall(r'"vllm_image": "([^"]+)"', j))
+    assert len(image_of) == 2
+    assert sorted(img for imgs in image_of.values() for img in imgs) == images  # one image per point, both used
