@@ -5,7 +5,7 @@ from __future__ import annotations
 import csv
 from pathlib import Path
 
-from bakeoff.report.plots import quality_vs_speed, read_summary, render_all
+from bakeoff.report.plots import QUALITY, quality_vs_speed, read_summary, render_all
 
 from conftest import ROOT, snakemake
 
@@ -27,7 +27,7 @@ def test_snakemake_report_renders(tmp_path: Path) -> None:
 
 def test_plots_render_without_quality_columns_and_use_them_when_present(tmp_path: Path) -> None:
     rows = read_summary(ROOT / "results" / "summary.csv")
-    for col in ("ppl", "accuracy"):
+    for col in QUALITY:
         for r in rows:
             r.pop(col, None)
     assert quality_vs_speed(rows, tmp_path / "none.png") == 0

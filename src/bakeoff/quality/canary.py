@@ -58,7 +58,8 @@ def prompt_logprobs(base_url: str, model: str, prompt: str | list[int], *, top: 
     choice = r.json()["choices"][0]
     lp = choice.get("logprobs")
     if not lp or "token_logprobs" not in lp:
-        raise CanaryError("the server returned no logprobs for an echo+logprobs request")
+        raise CanaryError("the server returned no logprobs for an echo+logprobs request: it does not echo prompt "
+                          "logprobs, so lm-eval would score at chance level")
     return lp
 
 
