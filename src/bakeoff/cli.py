@@ -45,7 +45,9 @@ def _cmd_summarize(a: argparse.Namespace) -> None:
     if a.points:  # sweep axes, roofline and published ratios (bakeoff.summary_extra)
         from bakeoff.summary_extra import extend
 
-        columns += [c for c in extend(records, json.loads(Path(a.points).read_text()), Path(a.published) if a.published else None)
+        facts = json.loads(Path(a.hardware).read_text()) if a.hardware else None
+        columns += [c for c in extend(records, json.loads(Path(a.points).read_text()),
+                                      Path(a.published) if a.published else None, facts)
                     if c not in columns]
     write_csv(Path(a.out), records, columns)
 
@@ -157,6 +159,32 @@ def _cmd_load(a: argparse.Namespace) -> None:
     print(json.dumps(metrics, indent=2))
 
 
+def _doctor_text(r: dict, predictions: dict | None = None) -> str:
+    """The doctor's findings in a few lines (the full record is the JSON file)."""
+    lines = [f"hardware config {r['hardware_config']['name']}: CPU {r['cpu']['model']} ({r['cpu']['logical_cores']} cores, "
+             f"copy bandwidth {r['cpu']['mem_bandwidth_gbs'] or 0:.1f} GB/s); NVML {r.get('nvml')}"]
+    for g in r.get("gpus", []):
+        lines.append(f"  GPU{g['index']} {g['name']} cc {g['compute_capability']} {g['memory_total_mib']} MiB")
+    if r.get("gpus"):
+        lines.append(f"  driver {r.get('driver_version')}, CUDA {r.get('cuda_driver_version')}, "
+                     f"interconnect {r['topology']['interconnect']}")
+    lines.append("capabilities: " + ", ".join(f"{k}={v}" for k, v in r["capabilities"].items()))
+    for v, p in (predictions or {}).items():
+        lines.append(f"  {v}: {p['expected']}" + (f" ({p['reason']})" if p["reason"] else ""))
+    lines += [f"warning: {w}" for w in r["warnings"]]
+    return "\n".join(lines)
+
+
+def _cmd_doctor(a: argparse.Namespace) -> None:
+    from bakeoff.config import load_config
+    from bakeoff.doctor import predict, run, variants_of
+
+    cfg = load_config(a.overrides)
+    report = run(cfg.hardware, cfg.doctor, Path(a.out))
+    print(_doctor_text(report, predict(report, variants_of(cfg))))
+    print(f"wrote {a.out}")
+
+
 def _cmd_stage(a: argparse.Namespace) -> None:
     from bakeoff import schema
 
@@ -205,10 +233,19 @@ def _cmd_stage(a: argparse.Namespace) -> None:
 
         build(schema.ToolchainCfg.model_validate_json(a.spec), schema.HardwareCfg.model_validate_json(a.hardware),
               _dir(a.input), out, jobs=a.jobs)
+    elif name == "doctor":
+        from bakeoff.doctor import run as doctor
+
+        spec = json.loads(a.spec)
+        report = doctor(schema.HardwareCfg.model_validate(spec["hardware"]),
+                        schema.DoctorCfg.model_validate(spec.get("doctor", {})), Path(a.out))
+        print(_doctor_text(report), file=sys.stderr)
     elif name == "serve-load":
+        from bakeoff.doctor import ecc_gate
         from bakeoff.stages.serve_load import run
 
         spec = json.loads(a.spec)
+        ecc_gate(schema.HardwareCfg.model_validate(spec["hardware"]), schema.DoctorCfg.model_validate(spec.get("doctor", {})))
         run(engine_cfg=schema.EngineCfg.model_validate(spec["engine"]),
             hardware=schema.HardwareCfg.model_validate(spec["hardware"]),
             load=schema.LoadCfg.model_validate(spec["load"]), experiment=spec["experiment"], model=spec["model"],
@@ -223,7 +260,8 @@ def _cmd_stage(a: argparse.Namespace) -> None:
         raise BakeoffError(f"unknown stage {name!r}")
 
 
-STAGES = ["fetch-llamacpp", "build-llamacpp", "build-llamacpp-python", "fetch-model", "to-fp16", "quantize-fp8", "dequant-fp8",
+STAGES = ["doctor", "fetch-llamacpp", "build-llamacpp", "build-llamacpp-python", "fetch-model", "to-fp16", "quantize-fp8",
+          "dequant-fp8",
           "convert-gguf", "quantize-gguf", "serve-load"]
 
 
@@ -235,6 +273,11 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. experiment=blog_v100")
     c.set_defaults(func=_cmd_config)
 
+    d = sub.add_parser("doctor", help="record this node's hardware, capabilities and health (results/hardware.json)")
+    d.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. hardware=h200")
+    d.add_argument("--out", default="results/hardware.json")
+    d.set_defaults(func=_cmd_doctor)
+
     v = sub.add_parser("verify", help="re-hash artifacts against their manifests")
     v.add_argument("paths", nargs="+")
     v.set_defaults(func=_cmd_verify)
@@ -245,6 +288,7 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--config-hash", default="")
     m.add_argument("--points", help="results/config.json (sweep points, bakeoff.sweep.points_json): adds axis/roofline columns")
     m.add_argument("--published", help="published numbers YAML: adds measured/published ratio columns")
+    m.add_argument("--hardware", help="results/hardware.json (the doctor's): predictions, measured CPU bandwidth")
     m.set_defaults(func=_cmd_summarize)
 
     sm = sub.add_parser("samples", help="write the variants' sample generations side by side (markdown + json)")

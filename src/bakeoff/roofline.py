@@ -23,8 +23,9 @@ Definition (precise, because "efficiency" is easy to define two ways):
 
 ``B`` is ``hardware.mem_bandwidth_gbs`` (per GPU; on CPU, the configured or
 measured system bandwidth), times the GPUs that read disjoint weight shards in
-parallel: vLLM's ``tensor_parallel_size``. llama.cpp's default layer split
-runs its GPUs one after the other for a token, so it gets one GPU's bandwidth.
+parallel: vLLM's tensor-parallel size (settings, else the hardware config's)
+and llama.cpp's ``-sm row``. llama.cpp's default layer split runs its GPUs
+one after the other for a token, so it gets one GPU's bandwidth.
 ``W`` is the served weight bytes (``weight_bytes`` of the summary).
 """
 
@@ -54,8 +55,13 @@ def effective_bandwidth_gbs(hardware: Mapping[str, Any], engine_plugin: str | No
     if bw is None:
         return None
     shards = 1
-    if engine_plugin == "vllm" and engine_settings:
-        shards = int(engine_settings.get("tensor_parallel_size") or 1)
+    gpus = int(hardware.get("gpus") or 0)
+    if engine_plugin == "vllm" and hardware.get("backend") == "cuda":
+        shards = int((engine_settings or {}).get("tensor_parallel_size")
+                     or hardware.get("vllm_tensor_parallel_size") or max(1, gpus))
+    elif engine_plugin == "llamacpp" and gpus > 1:
+        mode = (engine_settings or {}).get("split_mode") or hardware.get("llamacpp_split_mode") or "layer"
+        shards = gpus if mode == "row" else 1  # row split: every GPU reads its slice of each matrix at once
     return bw * max(1, shards)
 
 

@@ -28,10 +28,37 @@ class EmbeddedSource(_Strict):
     sha256: str | None = Field(default=None, pattern=r"^[0-9a-f]{64}$")
 
 
+class SyntheticShape(_Strict):
+    """A real architecture's shape with random weights (speed only; never scored for quality)."""
+
+    arch: Literal["llama"] = "llama"
+    n_layer: PositiveInt
+    n_embd: PositiveInt
+    n_ff: PositiveInt
+    n_head: PositiveInt
+    n_head_kv: PositiveInt
+    n_vocab: PositiveInt = 32000
+    context_length: PositiveInt = 4096
+    rope_theta: PositiveFloat = 10000.0
+    rms_eps: PositiveFloat = 1e-5
+    seed: NonNegativeInt = 0
+    shape_of: str = ""  # the real model whose shape this is, e.g. meta-llama/Llama-2-7b-hf
+
+    @model_validator(mode="after")
+    def _heads(self) -> SyntheticShape:
+        if self.n_embd % self.n_head or self.n_head % self.n_head_kv:
+            raise ValueError(f"synthetic shape: n_embd {self.n_embd} must divide by n_head {self.n_head}, "
+                             f"and n_head by n_head_kv {self.n_head_kv}")
+        if self.n_vocab < 300:
+            raise ValueError("synthetic shape: n_vocab must be >= 300 (256 byte tokens, specials, merges)")
+        return self
+
+
 class ModelCfg(_Strict):
     name: str = Field(pattern=SLUG)
     source: Literal["embedded", "hub", "synthetic"]
     embedded: EmbeddedSource | None = None
+    synthetic: SyntheticShape | None = None
     upstream: str | None = None
     repo_id: str | None = None
     revision: str | None = None
@@ -43,6 +70,8 @@ class ModelCfg(_Strict):
             raise ValueError("model.source=hub needs model.repo_id and model.revision")
         if self.source == "embedded" and self.embedded is None:
             raise ValueError("model.source=embedded needs model.embedded (package, version, file)")
+        if self.source == "synthetic" and self.synthetic is None:
+            raise ValueError("model.source=synthetic needs model.synthetic (the shape: n_layer, n_embd, ...)")
         return self
 
 
@@ -57,14 +86,50 @@ class HardwareCfg(_Strict):
     mem_bandwidth_gbs: PositiveFloat | None = None
     peak_tflops_fp16: PositiveFloat | None = None
     vllm_image: str | None = None
+    # Several GPUs in one node. Which devices a server may use (CUDA_VISIBLE_DEVICES); None: the
+    # scheduler's allocation if it set one, else 0..gpus-1.
+    visible_devices: list[NonNegativeInt] | None = None
+    # llama.cpp: how one model spans the GPUs (-sm layer | row) and in what proportions (--tensor-split).
+    llamacpp_split_mode: Literal["none", "layer", "row"] = "layer"
+    llamacpp_tensor_split: list[PositiveFloat] | None = None
+    # vLLM: tensor-parallel size (None: all gpus).
+    vllm_tensor_parallel_size: PositiveInt | None = None
+    # SLURM generic resource string for GPU jobs, e.g. gpu:v100:2 (None: gpu:<gpus>).
+    gres: str | None = Field(default=None, pattern=r"^gpu(:[A-Za-z0-9_.-]+)?:[1-9][0-9]*$")
 
     @model_validator(mode="after")
     def _cuda_fields(self) -> HardwareCfg:
         if self.backend == "cuda" and (self.gpus < 1 or self.cuda_arch is None):
             raise ValueError("hardware.backend=cuda needs hardware.gpus >= 1 and hardware.cuda_arch (e.g. 70, 90)")
-        if self.backend == "cpu" and self.gpus:
-            raise ValueError("hardware.backend=cpu cannot have hardware.gpus > 0")
+        if self.backend == "cpu":
+            extra = [k for k in ("visible_devices", "llamacpp_tensor_split", "vllm_tensor_parallel_size", "gres")
+                     if getattr(self, k) is not None]
+            if self.gpus or extra:
+                raise ValueError(f"hardware.backend=cpu cannot have hardware.gpus > 0 or GPU settings {extra}")
+            return self
+        if self.visible_devices is not None and (len(self.visible_devices) != self.gpus
+                                                 or len(set(self.visible_devices)) != self.gpus):
+            raise ValueError(f"hardware.visible_devices {self.visible_devices} must name {self.gpus} distinct devices "
+                             f"(hardware.gpus={self.gpus})")
+        if self.llamacpp_tensor_split is not None and len(self.llamacpp_tensor_split) != self.gpus:
+            raise ValueError(f"hardware.llamacpp_tensor_split {self.llamacpp_tensor_split} needs one share per GPU "
+                             f"({self.gpus})")
+        if self.vllm_tensor_parallel_size is not None and self.vllm_tensor_parallel_size > self.gpus:
+            raise ValueError(f"hardware.vllm_tensor_parallel_size {self.vllm_tensor_parallel_size} exceeds "
+                             f"hardware.gpus {self.gpus}")
+        if self.gres is not None and int(self.gres.rsplit(":", 1)[1]) != self.gpus:
+            raise ValueError(f"hardware.gres {self.gres!r} asks for a different GPU count than hardware.gpus={self.gpus}")
         return self
+
+    @property
+    def tensor_parallel_size(self) -> int:
+        return self.vllm_tensor_parallel_size or max(1, self.gpus)
+
+    @property
+    def slurm_gres(self) -> str | None:
+        if self.backend != "cuda":
+            return None
+        return self.gres or f"gpu:{self.gpus}"
 
 
 class ToolchainCfg(_Strict):
@@ -172,6 +237,15 @@ class TrackingCfg(_Strict):
     experiment: str = "bakeoff"
 
 
+class DoctorCfg(_Strict):
+    """The hardware doctor (first rule of every experiment)."""
+
+    # Uncorrectable ECC errors stop the experiment unless this is set.
+    allow_uncorrected_ecc: bool = False
+    # Measure CPU memory bandwidth (a numpy copy) for the CPU roofline; MiB per array.
+    bandwidth_probe_mib: NonNegativeInt = 256
+
+
 class ExperimentCfg(_Strict):
     name: str = Field(pattern=SLUG)
     description: str = ""
@@ -199,9 +273,19 @@ class Config(_Strict):
     formats: dict[str, QuantCfg]
     experiment: ExperimentCfg
     tracking: TrackingCfg = TrackingCfg()
+    doctor: DoctorCfg = DoctorCfg()
 
     @model_validator(mode="after")
     def _cross_checks(self) -> Config:
+        if self.model.source == "synthetic":
+            hf = [f for f in self.needed_formats() if self.formats[f].kind == "hf"]
+            if hf:
+                raise ValueError(f"model {self.model.name!r} is synthetic (an F16 GGUF of random weights): it has no "
+                                 f"HF checkpoint for formats {hf}; serve GGUF formats made from the source "
+                                 f"(formats.f16.input=source)")
+            if self.eval.tasks:
+                raise ValueError(f"model {self.model.name!r} is synthetic: quality is not meaningful; "
+                                 f"set eval.tasks=[] (eval: none)")
         for fmt, q in self.formats.items():
             if q.input != "source" and q.input not in self.formats:
                 raise ValueError(f"formats.{fmt}.input={q.input!r} is neither 'source' nor a defined format")

@@ -13,10 +13,27 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from bakeoff import published, roofline
+from bakeoff import doctor, published, roofline
 from bakeoff.errors import BakeoffError
 
 AXIS_COLUMNS = ["sweep", "overrides"]
+# From the doctor (results/hardware.json) and the model config: what was expected, where bandwidth came from.
+DOCTOR_COLUMNS = ["predicted_status", "predicted_reason", "mem_bandwidth_source", "synthetic"]
+
+
+def _hardware_for_roofline(hw: Mapping[str, Any], facts: Mapping[str, Any] | None) -> tuple[dict[str, Any], str]:
+    """The hardware dict the roofline uses, and where its bandwidth came from.
+
+    On CPU the doctor's measured copy bandwidth replaces the configured estimate
+    (a configured 20 GB/s put some cells above 100 %); GPUs keep the config's
+    (measured device copy / datasheet) figure.
+    """
+    hw = dict(hw)
+    measured = ((facts or {}).get("cpu") or {}).get("mem_bandwidth_gbs")
+    if hw.get("backend") == "cpu" and measured:
+        hw["mem_bandwidth_gbs"] = float(measured)
+        return hw, "measured (doctor)"
+    return hw, "configured" if hw.get("mem_bandwidth_gbs") else ""
 
 
 def _fmt(v: Any) -> Any:
@@ -25,13 +42,25 @@ def _fmt(v: Any) -> Any:
     return v
 
 
-def extend(rows: list[dict[str, Any]], points: Mapping[str, Any], published_path: Path | None) -> list[str]:
+def _prediction(facts: Mapping[str, Any] | None, pt: Mapping[str, Any], r: Mapping[str, Any]) -> dict[str, str]:
+    """The doctor's expectation for this row's variant (empty without a doctor record)."""
+    if not facts or "capabilities" not in facts:
+        return {}
+    cfg = pt.get("config", {})
+    engine, fmt = r.get("engine"), r.get("format")
+    plugin = cfg.get("engines", {}).get(engine, {}).get("plugin", engine)
+    method = cfg.get("formats", {}).get(fmt, {}).get("method", "")
+    return doctor.predict(dict(facts), [(engine, plugin, fmt, method)]).get(f"{engine}-{fmt}", {})
+
+
+def extend(rows: list[dict[str, Any]], points: Mapping[str, Any], published_path: Path | None,
+           facts: Mapping[str, Any] | None = None) -> list[str]:
     """Add the extra columns to every row in place; returns their names, in order.
 
     ``points`` maps experiment (sweep point) name -> ``{sweep, overrides, config_hash,
     hardware, engines}`` as :func:`bakeoff.sweep.points_json` writes it.
     """
-    cols = [*AXIS_COLUMNS, *roofline.COLUMNS]
+    cols = [*AXIS_COLUMNS, *DOCTOR_COLUMNS, *roofline.COLUMNS]
     for r in rows:
         pt = points.get(r.get("experiment"))
         if pt is None:
@@ -44,7 +73,12 @@ def extend(rows: list[dict[str, Any]], points: Mapping[str, Any], published_path
         eng = pt.get("engines", {}).get(r.get("engine"), {})
         settings = r.get("engine_settings")
         settings = json.loads(settings) if isinstance(settings, str) and settings else (settings or eng.get("settings"))
-        r.update(roofline.row_columns(r, pt["hardware"], eng.get("plugin"), settings))
+        pred = _prediction(facts, pt, r)
+        r["predicted_status"] = pred.get("expected", "")
+        r["predicted_reason"] = pred.get("reason", "")
+        r["synthetic"] = (pt.get("config", {}).get("model", {}).get("source") == "synthetic")
+        hw, r["mem_bandwidth_source"] = _hardware_for_roofline(pt["hardware"], facts)
+        r.update(roofline.row_columns(r, hw, eng.get("plugin"), settings))
     if published_path is not None:
         cols += published.compare(rows, published.load(published_path))
     for r in rows:

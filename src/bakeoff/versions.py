@@ -71,7 +71,7 @@ def cuda_versions(hardware_json: Path | None) -> dict[str, str]:
     """CUDA runtime and driver: from ``results/hardware.json`` if present, else NVML, else n/a."""
     hw = _read_json(hardware_json)
     driver = _find(hw, "driver_version", "driver")
-    cuda = _find(hw, "cuda_version", "cuda_runtime", "cuda")
+    cuda = _find(hw, "cuda_version", "cuda_runtime", "cuda_driver_version", "cuda")
     if driver is None:
         try:
             import pynvml

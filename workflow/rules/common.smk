@@ -25,6 +25,23 @@ TOOLCHAIN_ID = f"{TC.commit}-{backend_tag(CFG.hardware)}" if TC else None
 MODEL_NAME = CFG.model.name
 
 
+# GPU rules (doctor, serve_load) ask a cluster for the hardware config's GPUs as a SLURM gres; nothing
+# on CPU configs. Jobs never share GPUs: each serving job takes all of them (and all local cores), and
+# bakeoff.gpu pins its server to explicit device ids (Snakemake's gpu resource would only count them).
+GPU_RESOURCES = {"gres": CFG.hardware.slurm_gres} if CFG.hardware.slurm_gres else {}
+
+
+# Pinned environment per role (envs/), used with --sdm conda on a cluster.
+LLAMACPP_ENV = "../../envs/llamacpp-cuda.yaml" if CFG.hardware.backend == "cuda" else "../../envs/llamacpp.yaml"
+
+
+def serve_env(wildcards):
+    """The serving job's environment: the vLLM node's pins, or the evaluation client's (llama.cpp variants)."""
+    if CFG.engines[wildcards.engine].plugin == "vllm":
+        return "../../envs/vllm-node.yaml" if CFG.hardware.backend == "cuda" else "../../envs/bakeoff.yaml"
+    return "../../envs/eval.yaml"
+
+
 def _alt(names):
     """Regex matching exactly these names (never an empty alternative)."""
     names = sorted(names)
@@ -72,8 +89,11 @@ def model_manifests():
 def serve_inputs(wildcards):
     """A variant's server needs its format, the fp16 tokenizer, and (llama.cpp) the toolchain."""
     inputs = {
+        "hardware": HARDWARE,  # the doctor runs first
         "model": MODEL.format(model=wildcards.model, format=wildcards.format),
-        "tokenizer": MODEL.format(model=wildcards.model, format="fp16"),
+        # A synthetic model has no HF checkpoint: its source carries the tokenizer.json of its GGUF vocab.
+        "tokenizer": (MODEL_SOURCE.format(model=wildcards.model) if CFG.model.source == "synthetic"
+                      else MODEL.format(model=wildcards.model, format="fp16")),
     }
     engine = CFG.engines[wildcards.engine]
     if engine.plugin == "llamacpp":
@@ -88,6 +108,12 @@ def pybinding_manifest():
     return PYBINDING.format(toolchain=TOOLCHAIN_ID)
 
 
+def doctor_spec(wildcards):
+    """The doctor's config slice: the hardware config and its own settings (not the experiment)."""
+    return json.dumps({"hardware": CFG.hardware.model_dump(mode="json"), "doctor": CFG.doctor.model_dump(mode="json")},
+                      sort_keys=True)
+
+
 def serve_spec(wildcards):
     """The config slice a variant's results depend on (a change re-runs it)."""
     cfg = POINTS[wildcards.experiment].cfg
@@ -95,6 +121,7 @@ def serve_spec(wildcards):
         "engine_name": wildcards.engine,
         "engine": cfg.engines[wildcards.engine].model_dump(mode="json"),
         "hardware": cfg.hardware.model_dump(mode="json"),
+        "doctor": cfg.doctor.model_dump(mode="json"),
         "load": cfg.load.model_dump(mode="json"),
         "experiment": cfg.experiment.name,
         "model": cfg.model.name,
@@ -117,7 +144,8 @@ def cell_indexes():
 
 def versions_inputs(wildcards):
     """The pinned-versions record reads the toolchain and model manifests (and follows every new summary)."""
-    inputs = {"config": POINTS_FILE, "summary": SUMMARY, "model_source": MODEL_SOURCE.format(model=MODEL_NAME)}
+    inputs = {"config": POINTS_FILE, "summary": SUMMARY, "model_source": MODEL_SOURCE.format(model=MODEL_NAME),
+              "hardware": HARDWARE}
     if TOOLCHAIN_ID is not None:
         inputs["toolchain"] = toolchain_manifest()
     return inputs

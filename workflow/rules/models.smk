@@ -107,7 +107,7 @@ rule quantize_gguf:
     benchmark:
         "logs/bench/models/{model}/{format}.tsv"
     conda:
-        "../../envs/llamacpp.yaml"
+        LLAMACPP_ENV
     shell:
         "bakeoff stage quantize-gguf --spec {params.spec:q} --format {wildcards.format}"
         " --input {input.model} --toolchain {input.toolchain} --out {output} --jobs {threads} > {log} 2>&1"

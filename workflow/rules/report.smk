@@ -26,14 +26,13 @@ rule versions:
         VERSIONS,
     params:
         toolchain=lambda w, input: f"--toolchain {input.toolchain}" if "toolchain" in input.keys() else "",
-        hardware_json="results/hardware.json",  # from `bakeoff doctor` when present; tolerated if absent
     log:
         "logs/results/versions.log",
     conda:
         "../../envs/bakeoff.yaml"
     shell:
         "bakeoff versions --config {input.config} {params.toolchain} --model-source {input.model_source}"
-        " --hardware-json {params.hardware_json} --out {output} > {log} 2>&1"
+        " --hardware-json {input.hardware} --out {output} > {log} 2>&1"
 
 
 rule plots:
@@ -62,19 +61,18 @@ rule pages:
         summary=SUMMARY,
         versions=VERSIONS,
         config=POINTS_FILE,
+        hardware=HARDWARE,
     output:
         summary=report(REPORT_PAGE.format(page="summary"), category="Summary", caption="../report/summary.rst"),
         environment=report(REPORT_PAGE.format(page="environment"), category="Hardware and versions",
                            caption="../report/environment.rst"),
-    params:
-        hardware_json="results/hardware.json",
     log:
         "logs/results/report/pages.log",
     conda:
         "../../envs/bakeoff.yaml"
     shell:
         "bakeoff pages --summary {input.summary} --versions {input.versions} --config {input.config}"
-        " --hardware-json {params.hardware_json} --summary-html {output.summary}"
+        " --hardware-json {input.hardware} --summary-html {output.summary}"
         " --environment-html {output.environment} > {log} 2>&1"
 
 

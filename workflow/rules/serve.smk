@@ -15,12 +15,14 @@ rule serve_load:
         spec=serve_spec,
         toolchain=toolchain_arg,
     threads: workflow.cores
+    resources:
+        **GPU_RESOURCES,
     log:
         "logs/results/raw/{experiment}/{model}/{engine}-{format}.log",
     benchmark:
         "logs/bench/results/raw/{experiment}/{model}/{engine}-{format}.tsv"
     conda:
-        "../../envs/bakeoff.yaml"
+        serve_env
     shell:
         "bakeoff stage serve-load --spec {params.spec:q} --format {wildcards.format} --input {input.model}"
         " --tokenizer {input.tokenizer} {params.toolchain} --out {output.cells} --watch-pid $PPID > {log} 2>&1"

@@ -9,6 +9,7 @@ rule summary:
         # Not read by the summary: listed so `snakemake results/summary.csv` also writes the samples.
         samples=sample_files(),
         points=POINTS_FILE,
+        hardware=HARDWARE,
         published="data/published_numbers.yaml",
     output:
         SUMMARY,
@@ -20,4 +21,4 @@ rule summary:
         "../../envs/bakeoff.yaml"
     shell:
         "bakeoff summarize {input.cells} --config-hash {params.config_hash} --points {input.points}"
-        " --published {input.published} --out {output} > {log} 2>&1"
+        " --published {input.published} --hardware {input.hardware} --out {output} > {log} 2>&1"

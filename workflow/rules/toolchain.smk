@@ -28,7 +28,7 @@ rule build_llamacpp:
     benchmark:
         "logs/bench/build/llamacpp/{toolchain}.tsv"
     conda:
-        "../../envs/llamacpp.yaml"
+        LLAMACPP_ENV
     shell:
         "bakeoff stage build-llamacpp --spec {params.spec:q} --hardware {params.hardware:q}"
         " --input {input.src} --out {output} --jobs {threads} > {log} 2>&1"
@@ -48,7 +48,7 @@ rule build_llamacpp_python:
     benchmark:
         "logs/bench/build/llamacpp-python/{toolchain}.tsv"
     conda:
-        "../../envs/llamacpp.yaml"
+        LLAMACPP_ENV
     shell:
         "bakeoff stage build-llamacpp-python --spec {params.spec:q} --hardware {params.hardware:q}"
         " --input {input.src} --out {output} --jobs {threads} > {log} 2>&1"

@@ -7,6 +7,7 @@ from typing import Any
 from bakeoff.engines.base import Engine, register
 from bakeoff.engines.flags import settings_to_flags
 from bakeoff.errors import BakeoffError
+from bakeoff.gpu import llamacpp_flags
 from bakeoff.manifest import read_manifest
 from bakeoff.stages.build_llamacpp import toolchain_bin
 from bakeoff.stages.convert_gguf import GGUF_NAME
@@ -25,6 +26,7 @@ class LlamaCppEngine(Engine):
         cmd = [str(toolchain_bin(self.spec.toolchain_dir, "llama-server")), "-m", str(self.spec.model_dir / GGUF_NAME),
                "--host", self.host, "--port", str(self.port), "--alias", self.spec.served_name]
         cmd += settings_to_flags(e.settings)
+        cmd += llamacpp_flags(self.spec.hardware, e.settings)
         if e.api_key:
             cmd += ["--api-key", e.api_key]
         return cmd + list(e.extra_args)

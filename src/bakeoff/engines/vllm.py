@@ -9,11 +9,13 @@ runs in that container instead, pinned by tag.
 from __future__ import annotations
 
 import importlib.metadata
+import os
 import sys
 from typing import Any
 
 from bakeoff.engines.base import Engine, register
 from bakeoff.engines.flags import settings_to_flags
+from bakeoff.gpu import docker_gpu_args, vllm_flags
 
 CONTAINER_MODEL_DIR = "/model"
 
@@ -41,6 +43,7 @@ class VllmEngine(Engine):
         e = self.spec.engine
         args = ["--model", model_path, "--served-model-name", self.spec.served_name]
         args += settings_to_flags(e.settings)
+        args += vllm_flags(self.spec.hardware, e.settings)
         if e.api_key:
             args += ["--api-key", e.api_key]
         return args + list(e.extra_args)
@@ -51,8 +54,8 @@ class VllmEngine(Engine):
             return [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--host", self.host,
                     "--port", str(self.port), *self.server_args(str(self.spec.model_dir.resolve()))]
         bind = "127.0.0.1" if self._is_loopback(self.host) else self.host
-        return ["docker", "run", "--rm", "--gpus", "all", "--ipc=host", "--shm-size=16g",
-                "-e", "NCCL_NVLS_ENABLE=0", "-p", f"{bind}:{self.port}:8000",
+        return ["docker", "run", "--rm", *docker_gpu_args(self.spec.hardware, os.environ), "--ipc=host",
+                "--shm-size=16g", "-p", f"{bind}:{self.port}:8000",
                 "-v", f"{self.spec.model_dir.resolve()}:{CONTAINER_MODEL_DIR}:ro", image,
                 "--host", "0.0.0.0", "--port", "8000", *self.server_args(CONTAINER_MODEL_DIR)]
 

@@ -7,6 +7,8 @@ writes is one the pinned tools read.
 
 from __future__ import annotations
 
+import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -19,8 +21,25 @@ from bakeoff.weights import gguf_stats
 GGUF_NAME = "model.gguf"
 
 
+def _synthetic_f16(src: dict, src_dir: Path, out_dir: Path, outtype: str, fmt: str) -> None:
+    """A synthetic source already is an F16 GGUF: the format is that file (hard-linked), not a conversion."""
+    if outtype.upper() != "F16":
+        raise ToolchainError(f"format {fmt!r}: a synthetic source is F16; make {outtype} with llama-quantize instead")
+    with staged_dir(out_dir) as stage:
+        try:
+            os.link(src_dir / GGUF_NAME, stage / GGUF_NAME)
+        except OSError:
+            shutil.copy2(src_dir / GGUF_NAME, stage / GGUF_NAME)
+        write_manifest(stage, kind="model-format", model=src["model"], format=fmt, source=src["source"],
+                       derived_from=f"source ({src['derived_from']})",
+                       tool={"name": "bakeoff.synthetic", "version": "F16 as written"}, gguf_type="F16",
+                       **gguf_stats(stage / GGUF_NAME))
+
+
 def convert(src_dir: Path, source_tree: Path, out_dir: Path, outtype: str = "f16", fmt: str = "f16") -> None:
     src = verify(src_dir)
+    if src.get("source", {}).get("kind") == "synthetic":
+        return _synthetic_f16(src, src_dir, out_dir, outtype, fmt)
     tree_manifest = read_manifest(source_tree)
     script = source_tree / "llama.cpp" / "convert_hf_to_gguf.py"
     if not script.is_file():

