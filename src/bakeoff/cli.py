@@ -180,9 +180,21 @@ def _cmd_doctor(a: argparse.Namespace) -> None:
     from bakeoff.doctor import predict, run, variants_of
 
     cfg = load_config(a.overrides)
-    report = run(cfg.hardware, cfg.doctor, Path(a.out))
+    facts = json.loads(Path(a.facts).read_text()) if a.facts else None
+    report = run(cfg.hardware, cfg.doctor, Path(a.out), facts=facts)
     print(_doctor_text(report, predict(report, variants_of(cfg))))
     print(f"wrote {a.out}")
+
+
+def _cmd_llama_bench_compare(a: argparse.Namespace) -> None:
+    from bakeoff.llamabench import COLUMNS, compare, write_csv
+
+    rows = compare(Path(a.bench_json), a.hardware)
+    if not rows:
+        raise BakeoffError(f"{a.bench_json}: no test matches a scoreboard row (pp512/tg128, -fa 0 or 1)")
+    write_csv(rows, Path(a.out))
+    for r in rows:
+        print("  ".join(str(r[c]) for c in COLUMNS[:9]))
 
 
 def _cmd_stage(a: argparse.Namespace) -> None:
@@ -276,7 +288,15 @@ def build_parser() -> argparse.ArgumentParser:
     d = sub.add_parser("doctor", help="record this node's hardware, capabilities and health (results/hardware.json)")
     d.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. hardware=h200")
     d.add_argument("--out", default="results/hardware.json")
+    d.add_argument("--facts", help="analyze recorded probe facts (python -m bakeoff.doctor OUT.json on the node) "
+                                   "instead of probing this machine")
     d.set_defaults(func=_cmd_doctor)
+
+    lb = sub.add_parser("llama-bench-compare", help="llama-bench -o json results beside the CUDA scoreboard")
+    lb.add_argument("bench_json")
+    lb.add_argument("--hardware", required=True, help="the GPU it ran on, e.g. h200")
+    lb.add_argument("--out", required=True, help="CSV to write")
+    lb.set_defaults(func=_cmd_llama_bench_compare)
 
     v = sub.add_parser("verify", help="re-hash artifacts against their manifests")
     v.add_argument("paths", nargs="+")

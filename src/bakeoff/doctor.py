@@ -34,12 +34,14 @@ import statistics
 import subprocess
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from bakeoff.artifacts import atomic_write_text
 from bakeoff.cpuflags import cpu_model_name, read_cpu_flags
 from bakeoff.errors import BakeoffError
-from bakeoff.schema import Config, DoctorCfg, HardwareCfg
+
+if TYPE_CHECKING:  # the probe also runs standalone on a bare GPU node (no pydantic there)
+    from bakeoff.schema import Config, DoctorCfg, HardwareCfg
 
 SCHEMA = 1
 TOPO_LEVELS = {0: "X", 10: "PIX", 20: "PXB", 30: "PHB", 40: "NODE", 50: "SYS"}  # nvidia-smi topo -m labels
@@ -319,3 +321,9 @@ def ecc_gate(hw: HardwareCfg, doctor: DoctorCfg) -> None:
     if bad:
         raise DoctorError(f"uncorrectable ECC errors on {bad}: not starting a server. "
                           "Override with doctor.allow_uncorrected_ecc=true")
+
+
+if __name__ == "__main__":  # python -m bakeoff.doctor OUT.json: the probe alone (what fixtures record)
+    import sys
+
+    atomic_write_text(Path(sys.argv[1]), json.dumps(probe(), indent=2) + "\n")

@@ -305,6 +305,10 @@ class Config(_Strict):
                         f"format {fmt!r} is a {self.formats[fmt].kind} artifact but engine {engine!r} serves {e.serves}"
                     )
             self._check_context(engine, e)
+            tp = int(e.settings.get("tensor_parallel_size") or 1)
+            if self.hardware.backend == "cuda" and tp > self.hardware.gpus:
+                raise ValueError(f"engines.{engine}.settings.tensor_parallel_size={tp} exceeds hardware.gpus="
+                                 f"{self.hardware.gpus} ({self.hardware.name})")
         return self
 
     def _check_context(self, name: str, e: EngineCfg) -> None:

@@ -1,0 +1,65 @@
+"""llama-bench results beside llama.cpp's CUDA scoreboard (data/published_numbers.yaml).
+
+Why: the scoreboard (ggml-org/llama.cpp discussion #15013) is the one public
+table of llama.cpp GPU speed with a fixed model (Llama-2-7B Q4_0, 3.56 GiB)
+and fixed commands (``llama-bench -ngl 99 -fa 0,1``, pp512 and tg128). A run
+of the same shape on another GPU is comparable row by row; the ratio to each
+scoreboard GPU, next to the ratio of their memory bandwidths, says whether the
+measurement is plausible (decode, tg128, is bandwidth-bound).
+
+Reads llama-bench's own ``-o json`` output (one record per test).
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+from typing import Any
+
+from bakeoff import published
+
+# Datasheet HBM bandwidth, GB/s, of the scoreboard's GPUs and ours (for the plausibility column).
+BANDWIDTH_GBS = {"v100": 900.0, "a100": 2039.0, "h100": 3350.0, "rtx4090": 1008.0, "h200": 4800.0}
+COLUMNS = ["hardware", "test", "flash_attn", "measured_tok_s", "measured_stddev", "reference_hardware",
+           "published_tok_s", "measured_vs_published", "bandwidth_ratio", "model_size_bytes", "n_params", "source"]
+
+
+def parse(bench_json: Path) -> list[dict[str, Any]]:
+    """llama-bench records -> {test: pp512|tg128, flash_attn, tok_s, stddev, model_size, n_params}."""
+    out = []
+    for r in json.loads(Path(bench_json).read_text()):
+        test = f"pp{r['n_prompt']}" if r["n_gen"] == 0 else f"tg{r['n_gen']}"
+        out.append({"test": test, "flash_attn": int(bool(r.get("flash_attn"))), "tok_s": float(r["avg_ts"]),
+                    "stddev": float(r["stddev_ts"]), "model_size": int(r["model_size"]),
+                    "n_params": int(r["model_n_params"]), "gpu": r.get("gpu_info", "")})
+    return out
+
+
+def compare(bench_json: Path, hardware: str, pub: published.Published | None = None) -> list[dict[str, Any]]:
+    """One row per (measured test, scoreboard GPU with the same test and flash-attention setting)."""
+    pub = pub or published.load()
+    rows = []
+    for m in parse(bench_json):
+        metric = f"{m['test']}_tok_s"
+        for p in pub.rows:
+            if (p.kind != "measurement" or p.metric != metric or p.match.get("engine") != "llama-bench"
+                    or int(p.match.get("engine_settings.flash_attn", -1)) != m["flash_attn"]):
+                continue
+            ref = str(p.match["hardware"])
+            bw, ref_bw = BANDWIDTH_GBS.get(hardware), BANDWIDTH_GBS.get(ref)
+            rows.append({
+                "hardware": hardware, "test": m["test"], "flash_attn": m["flash_attn"],
+                "measured_tok_s": round(m["tok_s"], 2), "measured_stddev": round(m["stddev"], 2),
+                "reference_hardware": ref, "published_tok_s": p.value,
+                "measured_vs_published": round(m["tok_s"] / float(p.value), 3),
+                "bandwidth_ratio": round(bw / ref_bw, 3) if bw and ref_bw else "",
+                "model_size_bytes": m["model_size"], "n_params": m["n_params"], "source": p.id})
+    return rows
+
+
+def write_csv(rows: list[dict[str, Any]], out: Path) -> None:
+    with open(out, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=COLUMNS)
+        w.writeheader()
+        w.writerows(rows)

@@ -1,0 +1,126 @@
+"""The hardware doctor: on this CPU machine for real, and on recorded NVML facts of V100, A100 and H200 nodes.
+
+tests/fixtures/hardware/h200.json was recorded on the lent H200 (``python -m bakeoff.doctor``); the V100 and
+A100 files hold the same fields as NVML reports them for those parts (2x V100-PCIE with an NVLink bridge,
+as in the seed; 2x A100-PCIE behind one switch, no NVLink).
+"""
+
+from __future__ import annotations
+
+import copy
+import csv
+import json
+from pathlib import Path
+
+import pytest
+
+from bakeoff.config import load_config
+from bakeoff.doctor import DoctorError, analyze, capabilities, predict, run, variants_of
+from bakeoff.schema import DoctorCfg
+
+from conftest import ROOT, bakeoff
+
+FIX = Path(__file__).parent / "fixtures" / "hardware"
+
+
+def _facts(name: str) -> dict:
+    return json.loads((FIX / f"{name}.json").read_text())
+
+
+def _report(name: str, hardware: str, experiment: str = "blog_v100", *extra: str) -> tuple[dict, dict]:
+    cfg = load_config([f"experiment={experiment}", f"hardware={hardware}", *extra])
+    rep = analyze(_facts(name), cfg.hardware, cfg.doctor)
+    return rep, predict(rep, variants_of(cfg))
+
+
+def test_capability_rules_by_compute_capability() -> None:
+    assert capabilities(7.0) == {"native_fp8": False, "bf16": False, "vllm_fp8_marlin": False, "any_fp8": False}
+    assert capabilities(7.5) == {"native_fp8": False, "bf16": False, "vllm_fp8_marlin": True, "any_fp8": True}
+    assert capabilities(8.0) == {"native_fp8": False, "bf16": True, "vllm_fp8_marlin": True, "any_fp8": True}
+    assert capabilities(8.9)["native_fp8"] and capabilities(9.0)["native_fp8"]
+    assert capabilities(None, ["avx512_bf16"])["bf16"] and not capabilities(None, ["avx2"])["bf16"]
+
+
+def test_v100_node_expects_the_seeds_fp8_cell_unsupported() -> None:
+    rep, pred = _report("v100x2", "v100x2")
+    assert rep["compute_capability"] == 7.0 and rep["capabilities"]["any_fp8"] is False
+    assert pred["vllm-fp8"]["expected"] == "unsupported" and "7.0" in pred["vllm-fp8"]["reason"]
+    assert pred["vllm-fp16"]["expected"] == "supported" and pred["llamacpp-q4_k_m"]["expected"] == "supported"
+    # the NVLink bridge: two links between the pair, as nvidia-smi topo -m prints it
+    assert rep["topology"] == {"labels": ["GPU0", "GPU1"], "matrix": [["X", "NV2"], ["NV2", "X"]], "interconnect": "nvlink"}
+    assert rep["warnings"] == []
+
+
+def test_a100_node_uses_marlin_and_reports_pcie() -> None:
+    rep, pred = _report("a100x2", "v100x2")  # the seed's config on an A100 pair: warnings name the mismatch
+    assert rep["capabilities"] == {"native_fp8": False, "bf16": True, "vllm_fp8_marlin": True, "any_fp8": True}
+    assert pred["vllm-fp8"]["expected"] == "supported" and "Marlin" in pred["vllm-fp8"]["reason"]
+    assert rep["topology"]["matrix"] == [["X", "PXB"], ["PXB", "X"]] and rep["topology"]["interconnect"] == "pcie"
+    text = " ".join(rep["warnings"])
+    assert "Tesla V100" in text and "cuda_arch=70" in text and "interconnect=nvlink" in text
+
+
+def test_h200_recording_native_fp8() -> None:
+    facts = _facts("h200")
+    assert facts["gpus"][0]["name"] == "NVIDIA H200" and facts["driver_version"].startswith("580.")
+    rep, pred = _report("h200", "h200", "smoke")
+    assert rep["capabilities"]["native_fp8"] and pred["vllm-fp8"]["reason"].startswith("native FP8")
+    assert rep["topology"]["interconnect"] is None and rep["warnings"] == []
+
+
+def test_uncorrectable_ecc_stops_unless_overridden(tmp_path: Path) -> None:
+    facts = _facts("v100x2")
+    bad = copy.deepcopy(facts)
+    bad["gpus"][1]["ecc"]["aggregate"]["uncorrected"] = 2
+    cfg = load_config(["experiment=blog_v100"])
+    with pytest.raises(DoctorError, match=r"uncorrectable ECC errors on .*GPU1.*doctor.allow_uncorrected_ecc=true"):
+        run(cfg.hardware, cfg.doctor, tmp_path / "hw.json", facts=bad)
+    assert not (tmp_path / "hw.json").exists()  # nothing half-written
+    rep = run(cfg.hardware, DoctorCfg(allow_uncorrected_ecc=True), tmp_path / "hw.json", facts=bad)
+    assert rep["ecc_uncorrected"] and "allowed" in rep["warnings"][0]
+    # corrected errors alone (GPU1 has 3) are recorded, not fatal
+    assert run(cfg.hardware, cfg.doctor, tmp_path / "ok.json", facts=facts)["ecc_uncorrected"] == {}
+
+
+def test_too_few_gpus_is_a_clear_error() -> None:
+    cfg = load_config(["experiment=blog_v100"])  # 2 GPUs
+    with pytest.raises(DoctorError, match=r"needs 2 GPU\(s\); NVML found 1"):
+        analyze(_facts("h200"), cfg.hardware, cfg.doctor)
+    with pytest.raises(DoctorError, match="NVML found 0"):
+        analyze({"nvml": "unavailable: no driver", "gpus": []}, cfg.hardware, cfg.doctor)
+
+
+def test_doctor_on_this_machine_without_gpus(tmp_path: Path) -> None:
+    out = tmp_path / "hardware.json"
+    p = bakeoff("doctor", "--out", str(out))
+    assert p.returncode == 0, p.stderr
+    rep = json.loads(out.read_text())
+    assert rep["gpus"] == [] and rep["nvml"].startswith("unavailable")
+    assert rep["cpu"]["model"] and "sse2" in rep["cpu"]["flags"] and rep["cpu"]["logical_cores"] >= 1
+    assert rep["cpu"]["mem_bandwidth_gbs"] > 0.5
+    assert rep["capabilities"]["any_fp8"] is False
+    assert "vllm-fp8: unsupported" in p.stdout and "llamacpp-q4_k_m: supported" in p.stdout
+
+
+def test_pipeline_runs_the_doctor_first_and_the_summary_shows_its_predictions(models: Path) -> None:
+    rep = json.loads((ROOT / "results" / "hardware.json").read_text())
+    assert rep["hardware_config"]["name"] == "cpu" and rep["cpu"]["mem_bandwidth_gbs"] > 0
+    cells = ROOT / "results" / "raw" / "smoke" / "smollm2-135m"
+    assert all((cells / v / "cells.json").stat().st_mtime >= (ROOT / "results" / "hardware.json").stat().st_mtime
+               for v in ("vllm-fp16", "llamacpp-q4_k_m"))
+    with open(ROOT / "results" / "summary.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    fp8 = [r for r in rows if r["experiment"] == "smoke" and r["format"] == "fp8"]
+    assert fp8 and all(r["predicted_status"] == "unsupported" and r["status"] == "unsupported" for r in fp8)
+    ok = [r for r in rows if r["experiment"] == "smoke" and r["format"] == "q4_k_m"]
+    assert ok and all(r["predicted_status"] == "supported" for r in ok)
+    assert {r["mem_bandwidth_source"] for r in rows} == {"measured (doctor)"}
+    bw = [float(r["mem_bandwidth_gbs"]) for r in rows if r["mem_bandwidth_gbs"]]
+    assert bw and all(abs(b - rep["cpu"]["mem_bandwidth_gbs"]) < 1e-3 * b for b in bw)
+
+
+def test_every_serving_job_depends_on_the_doctor() -> None:
+    from conftest import snakemake
+
+    out = snakemake("-n", "--forceall", "--cores", "1", "results/raw/smoke/smollm2-135m/llamacpp-q4_k_m/cells.json").stdout
+    assert "rule doctor:" in out and "output: results/hardware.json" in out

@@ -1,0 +1,52 @@
+"""The SLURM profile plans here (snakemake-executor-plugin-slurm, dry run): GPU rules ask for the config's GPUs."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from conftest import ROOT, snakemake
+
+PROFILE = "workflow/profiles/slurm"
+
+
+def _jobs(out: str) -> dict[str, list[str]]:
+    """rule name -> the 'resources:' lines of its planned jobs (local rules are printed as 'localrule')."""
+    jobs: dict[str, list[str]] = {}
+    current = None
+    for line in out.splitlines():
+        m = re.match(r"^(local)?rule (\w+):", line)
+        if m:
+            current = ("local:" if m.group(1) else "") + m.group(2)
+            jobs.setdefault(current, [])
+        elif current and line.strip().startswith("resources:"):
+            jobs[current].append(line.strip())
+    return jobs
+
+
+@pytest.mark.parametrize(("experiment", "gres"), [("blog_v100", "gres=gpu:v100:2"), ("h200_llamacpp", "gres=gpu:h200:1")])
+def test_slurm_profile_plans_gpu_rules_with_the_configs_gres(experiment: str, gres: str) -> None:
+    out = snakemake("--profile", PROFILE, "-n", "--forceall", "results/summary.csv",
+                    "--config", f"experiment={experiment}").stdout
+    jobs = _jobs(out)
+    for rule in ("serve_load", "doctor"):
+        assert jobs[rule] and all(gres in r for r in jobs[rule]), (rule, jobs.get(rule))
+    # builds run on compute nodes without a GPU; bookkeeping stays on the submit host
+    assert "build_llamacpp" in jobs and not any("gres=" in r for r in jobs["build_llamacpp"])
+    assert "summary" in jobs and "points" in jobs
+
+
+def test_bookkeeping_is_local_and_gpu_work_is_not() -> None:
+    """The Snakefile's localrules: (a dry run prints every job as 'rule', so read the directive)."""
+    text = (ROOT / "Snakefile").read_text()
+    block = text.split("localrules:", 1)[1].split("\n\n", 1)[0]
+    local = {name.strip().rstrip(",") for name in block.split() if name.strip()}
+    assert {"all", "points", "summary", "samples", "plots", "pages", "track", "dvc_metrics", "versions"} <= local
+    assert not local & {"doctor", "serve_load", "build_llamacpp", "build_llamacpp_python", "quantize_gguf", "quantize_fp8"}
+
+
+def test_slurm_profile_asks_for_no_gpu_on_cpu_configs() -> None:
+    out = snakemake("--profile", PROFILE, "-n", "--forceall", "results/summary.csv").stdout
+    jobs = _jobs(out)
+    assert jobs["serve_load"] and not any("gres=" in r for rs in jobs.values() for r in rs)

@@ -1,0 +1,122 @@
+"""The synthetic model source: real shape, random weights, one tokenizer on both sides; speed rows only.
+
+The pipeline runs the synthetic_tiny experiment (a 2-layer llama of random F16 weights) through the normal
+rules: fetch (write the GGUF) -> f16 -> llama-quantize q4_k_m -> llama-server -> the load client.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+import requests
+from transformers import AutoTokenizer
+
+from bakeoff.config import load_config
+from bakeoff.engines import get_engine
+from bakeoff.engines.base import ServerSpec
+from bakeoff.errors import ConfigError
+from bakeoff.loadgen.prompts import make_prompts
+from bakeoff.synthetic import LLAMA2_7B, vocabulary
+
+from conftest import BIN, ROOT, snakemake
+
+TINY = "synthetic-tiny"
+RAW = ROOT / "results" / "raw" / "synthetic_tiny" / TINY
+
+
+@pytest.fixture(scope="module")
+def tiny(models: Path) -> Path:
+    """Both variants of the synthetic_tiny experiment, run by Snakemake (after the default run: same doctor)."""
+    snakemake("--cores", "all", "--config", "experiment=synthetic_tiny", "--",
+              *(str(RAW.relative_to(ROOT) / v / "cells.json") for v in ("llamacpp-f16", "llamacpp-q4_k_m")))
+    return ROOT / "models" / TINY
+
+
+def test_vocabulary_is_exact_and_its_merges_are_consistent() -> None:
+    tokens, merges = vocabulary(32000)
+    assert len(tokens) == len(set(tokens)) == 32000
+    index = {t: i for i, t in enumerate(tokens)}
+    for a, b in merges:  # every merge joins two earlier tokens into a later one
+        assert index[a] < index[a + b] and index[b] < index[a + b]
+
+
+def test_llama2_7b_shape_has_the_scoreboard_models_parameter_count() -> None:
+    """Same count llama-bench printed for the synthetic model on the H200 (runs/h200-llamacpp)."""
+    bench = json.loads((ROOT / "runs" / "h200-llamacpp" / "llama-bench-q4_0-fa0.json").read_text())
+    assert LLAMA2_7B.n_params() == bench[0]["model_n_params"] == 6_738_415_616
+
+
+def test_synthetic_models_refuse_quality_and_hf_formats() -> None:
+    with pytest.raises(ConfigError, match="no HF checkpoint for formats"):
+        load_config(["experiment=synthetic_tiny", "formats.f16.input=fp16"])
+    with pytest.raises(ConfigError, match="quality is not meaningful"):
+        load_config(["experiment=synthetic_tiny", "eval=smoke"])
+
+
+def test_pipeline_serves_the_synthetic_model_with_exact_lengths(tiny: Path) -> None:
+    src = json.loads((tiny / "source" / "manifest.json").read_text())
+    assert src["source"]["kind"] == "synthetic" and src["source"]["n_params"] > 0
+    for variant in ("llamacpp-f16", "llamacpp-q4_k_m"):
+        idx = json.loads((RAW / variant / "cells.json").read_text())
+        cells = [json.loads((RAW / variant / f"{c}.json").read_text()) for c in ("c1-p32", "c2-p32")]
+        assert [c["status"] for c in cells] == ["ok", "ok"], idx
+        for c in ("c1-p32", "c2-p32"):
+            recs = [json.loads(line) for line in (RAW / variant / f"{c}.jsonl").read_text().splitlines()]
+            # the server's own usage counts: 32-token prompts (one tokenizer on both sides), 16 tokens out (ignore_eos)
+            assert recs and all(r["success"] and r["prompt_tokens"] == 32 and r["output_tokens"] == 16 for r in recs)
+        q = json.loads((RAW / variant / "quality.json").read_text())
+        assert q["status"] == "skipped" and "synthetic" in q["reason"]
+
+
+def test_summary_marks_synthetic_rows(tiny: Path, tmp_path: Path) -> None:
+    points = tmp_path / "config.json"
+    run = subprocess.run([str(BIN / "bakeoff"), "points", "--smk-config", '{"experiment": "synthetic_tiny"}',
+                          "--out", str(points)], cwd=ROOT, capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr
+    out = tmp_path / "summary.csv"
+    run = subprocess.run([str(BIN / "bakeoff"), "summarize", *(str(RAW / v / "cells.json") for v in
+                          ("llamacpp-f16", "llamacpp-q4_k_m")), "--points", str(points),
+                          "--hardware", str(ROOT / "results" / "hardware.json"), "--out", str(out)],
+                         cwd=ROOT, capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr
+    rows = list(csv.DictReader(out.open()))
+    assert len(rows) == 4 and all(r["synthetic"] == "True" and r["ppl"] == "" for r in rows)
+    assert all(r["predicted_status"] == "supported" and r["status"] == "ok" for r in rows)
+
+
+def _server(tiny: Path, toolchain: Path, tmp_path: Path, **settings):
+    cfg = load_config(["experiment=synthetic_tiny", *(f"engines.llamacpp.settings.{k}={v}" for k, v in settings.items())])
+    spec = ServerSpec(engine=cfg.engines["llamacpp"], hardware=cfg.hardware, model_dir=tiny / "f16", served_name=TINY,
+                      log_path=tmp_path / "server.log", toolchain_dir=toolchain)
+    return get_engine("llamacpp")(spec)
+
+
+def test_llama_server_tokenizes_exactly_like_the_hf_tokenizer(tiny: Path, toolchain: Path, tmp_path: Path) -> None:
+    tok = AutoTokenizer.from_pretrained(tiny / "source")
+    texts = ["Hello world, the quick brown fox 123!", "  spaces\tand\nnewlines  ", "用 Python 写一个快速排序函数。",
+             *make_prompts(tok, 64, 3, seed=1)]
+    with _server(tiny, toolchain, tmp_path) as srv:
+        srv.ready()
+        for text in texts:
+            got = requests.post(f"{srv.base_url}/tokenize", json={"content": text}, timeout=30).json()["tokens"]
+            assert got == tok.encode(text, add_special_tokens=False), text
+
+
+def test_llama_server_slots_split_ctx_and_cut_requests_off(tiny: Path, toolchain: Path, tmp_path: Path) -> None:
+    """-c 256 --parallel 4 leaves 64 tokens a slot: 32 prompt + 64 wanted stops at 32; a 96-token prompt is refused.
+
+    The same arithmetic as the H200 hand run's -c 8192 -np 32 (256 a slot) with 128 + 256 tokens.
+    """
+    tok = AutoTokenizer.from_pretrained(tiny / "source")
+    short, long = make_prompts(tok, 32, 1, seed=2)[0], make_prompts(tok, 96, 1, seed=3)[0]
+    with _server(tiny, toolchain, tmp_path, ctx_size=256, parallel=4) as srv:
+        srv.ready()
+        body = {"model": TINY, "max_tokens": 64, "temperature": 0, "ignore_eos": True}
+        r = requests.post(f"{srv.base_url}/v1/completions", json={**body, "prompt": short}, timeout=120).json()
+        assert r["usage"]["prompt_tokens"] == 32 and r["usage"]["completion_tokens"] == 32 < 64
+        r = requests.post(f"{srv.base_url}/v1/completions", json={**body, "prompt": long}, timeout=120)
+        assert r.status_code >= 400 and "context" in r.text.lower()
