@@ -103,3 +103,14 @@ def test_llama_server_slots_split_the_context() -> None:
     """--parallel 32 with -c 8192 leaves 256 tokens a slot: a 128+256 request cannot fit, so the config is refused."""
     with pytest.raises(ConfigError, match="per-request context of 256 tokens"):
         load_config(["experiment=h200_llamacpp", "engines.llamacpp.settings.ctx_size=8192"])
+
+
+def test_split_mode_sweep_on_two_gpus_plans_both_layouts() -> None:
+    from conftest import snakemake
+
+    out = snakemake("-n", "-p", "--cores", "1", "results/summary.csv", "--config", "experiment=h200_llamacpp",
+                    "overrides=hardware=h200x2", "sweep=hardware.llamacpp_split_mode=layer,row").stdout
+    for mode in ("layer", "row"):
+        for fmt in ("f16", "q8_0", "q4_k_m"):
+            assert f"results/raw/h200_llamacpp.llamacpp_split_mode{mode}/llama2-7b-synthetic/llamacpp-{fmt}/cells.json" in out
+        assert f'"llamacpp_split_mode": "{mode}"' in out and '"gpus": 2' in out
