@@ -13,6 +13,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, PositiveFloat, PositiveInt, model_validator
 
+from bakeoff.synthetic import Shape
+
 SLUG = r"^[a-z0-9][a-z0-9_.-]*$"
 ENGINE_NAME = r"^[a-z0-9]+$"  # no '-' or '_': paths read "<engine>-<format>"
 
@@ -28,37 +30,11 @@ class EmbeddedSource(_Strict):
     sha256: str | None = Field(default=None, pattern=r"^[0-9a-f]{64}$")
 
 
-class SyntheticShape(_Strict):
-    """A real architecture's shape with random weights (speed only; never scored for quality)."""
-
-    arch: Literal["llama"] = "llama"
-    n_layer: PositiveInt
-    n_embd: PositiveInt
-    n_ff: PositiveInt
-    n_head: PositiveInt
-    n_head_kv: PositiveInt
-    n_vocab: PositiveInt = 32000
-    context_length: PositiveInt = 4096
-    rope_theta: PositiveFloat = 10000.0
-    rms_eps: PositiveFloat = 1e-5
-    seed: NonNegativeInt = 0
-    shape_of: str = ""  # the real model whose shape this is, e.g. meta-llama/Llama-2-7b-hf
-
-    @model_validator(mode="after")
-    def _heads(self) -> SyntheticShape:
-        if self.n_embd % self.n_head or self.n_head % self.n_head_kv:
-            raise ValueError(f"synthetic shape: n_embd {self.n_embd} must divide by n_head {self.n_head}, "
-                             f"and n_head by n_head_kv {self.n_head_kv}")
-        if self.n_vocab < 300:
-            raise ValueError("synthetic shape: n_vocab must be >= 300 (256 byte tokens, specials, merges)")
-        return self
-
-
 class ModelCfg(_Strict):
     name: str = Field(pattern=SLUG)
     source: Literal["embedded", "hub", "synthetic"]
     embedded: EmbeddedSource | None = None
-    synthetic: SyntheticShape | None = None
+    synthetic: Shape | None = None  # bakeoff.synthetic's dataclass, validated by pydantic
     upstream: str | None = None
     repo_id: str | None = None
     revision: str | None = None

@@ -44,6 +44,10 @@ SPECIALS = ("<s>", "</s>")
 
 @dataclass(frozen=True)
 class Shape:
+    """A llama architecture's shape (the config's ``model.synthetic``; pydantic validates it there)."""
+
+    __pydantic_config__ = {"extra": "forbid"}  # noqa: RUF012 -- read by pydantic, not a dataclass field
+
     n_layer: int
     n_embd: int
     n_ff: int
@@ -54,7 +58,19 @@ class Shape:
     rope_theta: float = 10000.0
     rms_eps: float = 1e-5
     seed: int = 0
-    shape_of: str = ""
+    shape_of: str = ""  # the real model whose shape this is, e.g. meta-llama/Llama-2-7b-hf
+    arch: str = "llama"
+
+    def __post_init__(self) -> None:
+        if self.arch != "llama":
+            raise ValueError(f"synthetic shape: arch {self.arch!r} is not supported (llama)")
+        if min(self.n_layer, self.n_embd, self.n_ff, self.n_head, self.n_head_kv, self.n_vocab, self.context_length) < 1:
+            raise ValueError("synthetic shape: every size must be positive")
+        if self.n_embd % self.n_head or self.n_head % self.n_head_kv:
+            raise ValueError(f"synthetic shape: n_embd {self.n_embd} must divide by n_head {self.n_head}, "
+                             f"and n_head by n_head_kv {self.n_head_kv}")
+        if self.n_vocab < 300:
+            raise ValueError("synthetic shape: n_vocab must be >= 300 (256 byte tokens, specials, merges)")
 
     @property
     def head_dim(self) -> int:

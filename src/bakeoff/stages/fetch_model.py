@@ -104,13 +104,10 @@ def fetch_hub(model: ModelCfg, stage: Path, cache_dir: Path | None = None) -> di
 
 
 def fetch_synthetic(model: ModelCfg, stage: Path) -> dict:
-    from dataclasses import fields
+    from bakeoff.synthetic import write_source
 
-    from bakeoff.synthetic import Shape, write_source
-
-    assert model.synthetic is not None
-    cfg = model.synthetic.model_dump()
-    shape = Shape(**{f.name: cfg[f.name] for f in fields(Shape)})
+    shape = model.synthetic
+    assert shape is not None
     info = write_source(shape, stage, model.name)
     return {"source": {**info, "upstream": model.upstream},
             "derived_from": f"synthetic: random F16 weights in the shape of {shape.shape_of or model.name} "
