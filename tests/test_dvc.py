@@ -35,7 +35,7 @@ def clone(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
     _run(["git", "clone", "-q", str(ROOT), str(clone)], base, env)
     # A fresh clone rebuilds everything (~10 min on 2 cores). Reuse this checkout's artifacts instead:
     # hard links for the big, read-only ones, a copy of Snakemake's metadata (it is rewritten in place).
-    for d in ("models", "build", "results/raw"):
+    for d in ("models", "build", "results/raw", "results/hardware.json"):  # the doctor's record: serve_load reads it
         (clone / d).parent.mkdir(parents=True, exist_ok=True)
         linked = subprocess.run(["cp", "-al", str(ROOT / d), str(clone / d)], capture_output=True)
         if linked.returncode != 0:  # another filesystem: copy (slower, same result)
