@@ -114,3 +114,11 @@ def test_split_mode_sweep_on_two_gpus_plans_both_layouts() -> None:
         for fmt in ("f16", "q8_0", "q4_k_m"):
             assert f"results/raw/h200_llamacpp.llamacpp_split_mode{mode}/llama2-7b-synthetic/llamacpp-{fmt}/cells.json" in out
         assert f'"llamacpp_split_mode": "{mode}"' in out and '"gpus": 2' in out
+
+
+def test_gguf_scoring_server_offloads_on_gpu_nodes_only(tmp_path: Path) -> None:
+    for overrides, expect in ((["experiment=blog_v100"], "-1"), ([], None)):
+        cfg = load_config(overrides)
+        spec = ServerSpec(engine=cfg.engines["llamacpp"].eval_server, hardware=cfg.hardware, model_dir=tmp_path,
+                          served_name="m", log_path=tmp_path / "eval.log", toolchain_dir=tmp_path)
+        assert _flag(get_engine("llamacpppy")(spec).command(), "--n_gpu_layers") == expect

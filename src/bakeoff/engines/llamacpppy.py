@@ -41,6 +41,8 @@ class LlamaCppPythonEngine(Engine):
         for key, value in e.settings.items():
             if value is not None:
                 cmd += [f"--{key}", _value(value)]
+        if self.spec.hardware.backend == "cuda" and e.settings.get("n_gpu_layers") is None:
+            cmd += ["--n_gpu_layers", "-1"]  # score on the GPU the load cells used, every layer offloaded
         if e.api_key:
             raise BakeoffError("the GGUF scoring server binds loopback only and takes no api_key")
         return cmd + list(e.extra_args)

@@ -40,11 +40,11 @@ def log_softmax(logits: np.ndarray) -> np.ndarray:
 class Scorer:
     """One loaded GGUF; requests are scored one at a time (the context is shared)."""
 
-    def __init__(self, model_path: str, n_ctx: int, n_threads: int | None, n_batch: int) -> None:
+    def __init__(self, model_path: str, n_ctx: int, n_threads: int | None, n_batch: int, n_gpu_layers: int = 0) -> None:
         from llama_cpp import Llama
 
         self.llm = Llama(model_path=model_path, n_ctx=n_ctx, logits_all=True, n_threads=n_threads,
-                         n_batch=n_batch, verbose=False)
+                         n_batch=n_batch, n_gpu_layers=n_gpu_layers, verbose=False)
         self.n_ctx = n_ctx
         self.lock = threading.Lock()
 
@@ -129,8 +129,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--n_ctx", type=int, default=2048)
     p.add_argument("--n_threads", type=int, default=None)
     p.add_argument("--n_batch", type=int, default=512)
+    p.add_argument("--n_gpu_layers", type=int, default=0, help="-1: every layer on the GPU (CUDA builds)")
     a = p.parse_args(argv)
-    scorer = Scorer(a.model, a.n_ctx, a.n_threads, a.n_batch)
+    scorer = Scorer(a.model, a.n_ctx, a.n_threads, a.n_batch, a.n_gpu_layers)
     web.run_app(make_app(scorer, a.model_alias), host=a.host, port=a.port, print=None)
 
 
