@@ -257,13 +257,14 @@ def _cmd_stage(a: argparse.Namespace) -> None:
         from bakeoff.stages.serve_load import run
 
         spec = json.loads(a.spec)
-        ecc_gate(schema.HardwareCfg.model_validate(spec["hardware"]), schema.DoctorCfg.model_validate(spec.get("doctor", {})))
-        run(engine_cfg=schema.EngineCfg.model_validate(spec["engine"]),
-            hardware=schema.HardwareCfg.model_validate(spec["hardware"]),
-            load=schema.LoadCfg.model_validate(spec["load"]), experiment=spec["experiment"], model=spec["model"],
+        hardware = schema.HardwareCfg.model_validate(spec["hardware"])
+        load = schema.LoadCfg.model_validate(spec["load"])
+        ecc_gate(hardware, schema.DoctorCfg.model_validate(spec.get("doctor", {})))
+        run(engine_cfg=schema.EngineCfg.model_validate(spec["engine"]), hardware=hardware,
+            load=load, experiment=spec["experiment"], model=spec["model"],
             fmt=a.format, engine_name=spec["engine_name"], model_dir=_dir(a.input), tokenizer_dir=_dir(a.tokenizer),
             out_dir=Path(a.out).parent, toolchain_dir=_dir(a.toolchain) if a.toolchain else None,
-            slos_ms=schema.LoadCfg.model_validate(spec["load"]).slo_ms.as_dict() or None,
+            slos_ms=load.slo_ms.as_dict() or None,
             show_progress=sys.stderr.isatty(), launcher_pid=a.watch_pid,
             eval_cfg=schema.EvalCfg.model_validate(spec.get("eval", {})),
             eval_toolchain_dir=_dir(a.eval_toolchain) if a.eval_toolchain else None,
@@ -273,8 +274,7 @@ def _cmd_stage(a: argparse.Namespace) -> None:
 
 
 STAGES = ["doctor", "fetch-llamacpp", "build-llamacpp", "build-llamacpp-python", "fetch-model", "to-fp16", "quantize-fp8",
-          "dequant-fp8",
-          "convert-gguf", "quantize-gguf", "serve-load"]
+          "dequant-fp8", "convert-gguf", "quantize-gguf", "serve-load"]
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -12,9 +12,10 @@ Two halves, so the rules can be tested without a GPU:
   through NVML (nvidia-ml-py): name, compute capability, memory, driver and
   CUDA versions, ECC counts (volatile and aggregate, corrected and
   uncorrected), PCIe link, NVLink links, and the GPU-to-GPU topology matrix.
-* :func:`analyze` turns probed facts plus the config into the capability
-  matrix, the per-variant predictions, warnings, and the ECC gate. Tests feed
-  it recorded NVML facts of V100, A100 and H200 nodes.
+* :func:`analyze` turns probed facts plus the hardware config into the
+  capability matrix, topology, warnings, and the ECC gate; :func:`predict`
+  turns that record plus an experiment's variants into expected statuses.
+  Tests feed them NVML facts of V100, A100 (fixtures) and H200 (recorded) nodes.
 
 Capability rules (compute capability ``cc``): native FP8 needs cc >= 8.9;
 BF16 needs cc >= 8.0; vLLM's FP8 weight-only Marlin path needs cc >= 7.5; on
