@@ -112,6 +112,13 @@ def _cmd_dvc_params(a: argparse.Namespace) -> None:
     print(f"wrote {a.out}")
 
 
+def _cmd_check_baselines(a: argparse.Namespace) -> None:
+    from bakeoff.baselines import check
+
+    for name, b in check(Path(a.summary), Path(a.out)).items():
+        print(f"baseline {name} ({', '.join(b['formats'])}): {b['ok']} of {b['cells']} cells ok", file=sys.stderr)
+
+
 def _cmd_dvc_metrics(a: argparse.Namespace) -> None:
     from bakeoff.metrics_json import write
 
@@ -244,7 +251,7 @@ def _cmd_stage(a: argparse.Namespace) -> None:
         from bakeoff.stages.build_llamacpp_python import build
 
         build(schema.ToolchainCfg.model_validate_json(a.spec), schema.HardwareCfg.model_validate_json(a.hardware),
-              _dir(a.input), out, jobs=a.jobs)
+              _dir(a.input), _dir(a.toolchain), out)
     elif name == "doctor":
         from bakeoff.doctor import run as doctor
 
@@ -349,6 +356,11 @@ def build_parser() -> argparse.ArgumentParser:
     dp.add_argument("overrides", nargs="*", help="Hydra overrides (default: none, the committed default)")
     dp.add_argument("--out", default="params.yaml")
     dp.set_defaults(func=_cmd_dvc_params)
+
+    cb = sub.add_parser("check-baselines", help="fail unless every engine's 16-bit variant has an ok cell")
+    cb.add_argument("summary")
+    cb.add_argument("--out", required=True)
+    cb.set_defaults(func=_cmd_check_baselines)
 
     dm = sub.add_parser("dvc-metrics", help="write results/metrics.json (DVC metrics) from the summary")
     dm.add_argument("summary")

