@@ -155,6 +155,10 @@ class Engine(abc.ABC):
         """What this engine can serve, for planning and for 'unsupported' rows."""
         return {"serves": self.serves}
 
+    def refusal_before_start(self) -> str | None:
+        """The engine's own refusal of this variant, shown faster than a server start can (None: start it)."""
+        return None
+
     # --- lifecycle, shared ---------------------------------------------------------
     @property
     def base_url(self) -> str:

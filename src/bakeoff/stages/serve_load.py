@@ -138,7 +138,11 @@ class Session:
 
     def start(self) -> tuple[str, str]:
         """Start and wait; returns ("ok", "") or (status, reason)."""
-        self.engine = get_engine(self.plugin)(self.spec).start()
+        self.engine = get_engine(self.plugin)(self.spec)
+        refusal = self.engine.refusal_before_start()
+        if refusal is not None:
+            return type(self.engine).start_failure_status(refusal), refusal
+        self.engine.start()
         try:
             self.startup_s = self.engine.ready()
             return "ok", ""
