@@ -112,6 +112,12 @@ def _cmd_dvc_params(a: argparse.Namespace) -> None:
     print(f"wrote {a.out}")
 
 
+def _cmd_timings(a: argparse.Namespace) -> None:
+    from bakeoff.timings import markdown
+
+    print(markdown(Path(a.bench_dir)))
+
+
 def _cmd_check_baselines(a: argparse.Namespace) -> None:
     from bakeoff.baselines import check
 
@@ -356,6 +362,10 @@ def build_parser() -> argparse.ArgumentParser:
     dp.add_argument("overrides", nargs="*", help="Hydra overrides (default: none, the committed default)")
     dp.add_argument("--out", default="params.yaml")
     dp.set_defaults(func=_cmd_dvc_params)
+
+    tm = sub.add_parser("timings", help="where a run spent its time: the rules' benchmark files, by rule (markdown)")
+    tm.add_argument("bench_dir", nargs="?", default="logs/bench")
+    tm.set_defaults(func=_cmd_timings)
 
     cb = sub.add_parser("check-baselines", help="fail unless every engine's 16-bit variant has an ok cell")
     cb.add_argument("summary")
