@@ -77,7 +77,10 @@ def _cmd_versions(a: argparse.Namespace) -> None:
     cfg = json.loads(Path(a.config).read_text())
     first = next(iter(cfg.values()))
     tc = (first["config"]["engines"].get("llamacpp") or {}).get("toolchain")
-    v = collect(Path.cwd(), toolchain_manifest=Path(a.toolchain) if a.toolchain else None,
+    from bakeoff.config import find_conf_dir
+
+    # The git state of the workflow's source (the checkout whose conf/ this run composed), wherever results go.
+    v = collect(find_conf_dir().resolve().parent, toolchain_manifest=Path(a.toolchain) if a.toolchain else None,
                 source_manifest=Path(a.model_source) if a.model_source else None,
                 hardware_json=Path(a.hardware_json) if a.hardware_json else None,
                 config_hash=" ".join(p["config_hash"] for p in cfg.values()), toolchain_cfg=tc,
