@@ -43,10 +43,10 @@ from bakeoff.errors import BakeoffError
 from bakeoff.manifest import read_manifest, verify, write_manifest
 
 # Parts of the llama.cpp tree no target of bakeoff's builds reads (paths relative to llama.cpp/).
-TRIM = ["models/*", "docs/*", "benches/*", "tests/*", "examples/*", "media/*", "ci/*", "scripts/*",
+TRIM = ["models/*", "docs/*", "benches/*", "tests/*", "examples/*", "media/*", "ci/*",
         "ggml/src/ggml-vulkan/*", "ggml/src/ggml-sycl/*", "ggml/src/ggml-cann/*", "ggml/src/ggml-musa/*",
         "ggml/src/ggml-opencl/*", "ggml/src/ggml-webgpu/*", "ggml/src/ggml-hexagon/*", "ggml/src/ggml-zdnn/*",
-        "tools/server/webui/*", "*.gguf"]
+        "*.gguf"]
 # What comes back from the node: results the node makes, the manifests of what it built, and the logs.
 COLLECT = ["results/hardware.json", "results/raw/**", "results/kernel/**", "logs/**", "models/*/*/manifest.json",
            "build/llamacpp/*-cuda*/manifest.json", "node.json"]
