@@ -10,8 +10,8 @@ its own names, so the names live here, per engine plugin:
 * **llama-server** ``/metrics`` (``--metrics``): ``llamacpp:requests_deferred``
   (requests waiting for a free slot) and ``llamacpp:requests_processing``. The
   pinned llama.cpp exports no KV-cache gauge there, so the KV occupancy is read
-  from ``/slots``: the tokens held by busy slots (prompt + generated) over the
-  slots' total context.
+  from ``/slots``: the tokens cached by busy slots (their ``n_prompt_tokens``,
+  which counts the generated tokens too) over the slots' total context.
 
 Parsing uses ``prometheus_client.parser`` (the text exposition format). The
 peaks are over the polls of the measured window; a poll that fails is counted,
@@ -69,11 +69,9 @@ def slots_kv_fraction(slots: list[dict[str, Any]]) -> float | None:
     capacity = sum(int(s.get("n_ctx") or 0) for s in slots)
     if not capacity:
         return None
-    used = 0
-    for s in slots:
-        if s.get("is_processing"):
-            decoded = sum(int(t.get("n_decoded") or 0) for t in s.get("next_token") or [])
-            used += int(s.get("n_prompt_tokens") or 0) + decoded
+    # A slot's n_prompt_tokens is the size of its token cache, generated tokens included (it grows with
+    # n_decoded), so it alone is what the slot holds in the KV cache.
+    used = sum(int(s.get("n_prompt_tokens") or 0) for s in slots if s.get("is_processing"))
     return used / capacity
 
 
