@@ -14,7 +14,15 @@ from pathlib import Path
 
 import pytest
 
-from bakeoff.telemetry import COUNTER_MODULUS, GpuWindow, TelemetryError, energy_delta_j, parse_visible, resolve_uuids, server_gpus
+from bakeoff.telemetry import (
+    COUNTER_MODULUS,
+    GpuWindow,
+    TelemetryError,
+    energy_delta_j,
+    parse_visible,
+    resolve_uuids,
+    server_gpus,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 H200_UUID = next(g["uuid"] for g in json.loads((ROOT / "runs/h200-llamacpp/probe.json").read_text())["gpus"])
