@@ -64,6 +64,9 @@ def _cmd_node(a: argparse.Namespace) -> None:
             raise BakeoffError("node pack needs --source (the fetch_llamacpp output) and --wheels")
         out = node.pack(repo=Path(a.repo), source=_dir(a.source), wheels=Path(a.wheels), out=Path(a.out))
         print(f"bundle in {out}: run `bash {out}/node.sh experiment=...` on the node")
+    elif a.action == "record":
+        paths = node.record(Path(a.tarball), Path(a.out))
+        print("\n".join(str(p) for p in paths.values()))
     elif a.action == "collect":
         names = node.collect(Path(a.repo), Path(a.out))
         print(f"{len(names)} node results in {a.out}")
@@ -408,8 +411,8 @@ def build_parser() -> argparse.ArgumentParser:
     ld.set_defaults(func=_cmd_load)
 
     nd = sub.add_parser("node", help="run the GPU node's share of the DAG elsewhere: pack, collect, unpack")
-    nd.add_argument("action", choices=["pack", "collect", "unpack"])
-    nd.add_argument("tarball", nargs="?", help="unpack: the node-results.tgz that came back")
+    nd.add_argument("action", choices=["pack", "collect", "unpack", "record"])
+    nd.add_argument("tarball", nargs="?", help="unpack, record: the node-results.tgz that came back")
     nd.add_argument("--repo", default=".", help="the checkout (pack, unpack) or the node's run directory (collect)")
     nd.add_argument("--source", help="pack: the pinned llama.cpp source (build/llamacpp/src-<commit>)")
     nd.add_argument("--wheels", help="pack: folder of the wheels the node lacks")

@@ -175,3 +175,83 @@ def unpack(tarball: Path, root: Path) -> list[str]:
             names.append(m.name)
         tar.extractall(root, members=members, filter="data")
     return names
+
+
+CELL_COLUMNS = ["engine", "format", "concurrency", "prompt_len", "requests", "completed", "status", "load_note",
+                "output_throughput", "median_ttft_ms", "median_tpot_ms", "server_median_tpot_ms", "energy_j",
+                "joules_per_output_token", "avg_power_w", "gpu_util_pct", "peak_gpu_bytes", "kv_cache_peak_pct",
+                "peak_waiting_requests", "peak_running_requests", "energy_source", "weight_bytes", "engine_settings",
+                "spec_hash", "started_utc"]
+
+
+def _csv(path: Path, rows: list[dict], columns: list[str]) -> None:
+    import csv
+
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=columns, extrasaction="ignore")
+        w.writeheader()
+        for r in rows:
+            w.writerow({k: json.dumps(v, sort_keys=True) if isinstance(v, (dict, list)) else v for k, v in r.items()})
+
+
+def record(tarball: Path, out: Path, log_lines: int = 3) -> dict[str, Path]:
+    """Derive a run record from a node's results tarball: every cell, every kernel benchmark, log ends.
+
+    Reads only what the node wrote, so a committed record holds nothing typed by hand: ``cells.csv``
+    (every cell JSON, whichever invocation made it), ``kernel.csv`` (llama-bench), ``server-log-ends.txt``
+    (each server log's first and last lines), the doctor's ``hardware.json`` and the build's manifest.
+    """
+    import tempfile
+
+    out.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        unpack(tarball, root)
+        cells = [json.loads(p.read_text()) for p in sorted(root.glob("results/raw/*/*/*/c[0-9]*-p*.json"))]
+        _csv(out / "cells.csv", cells, CELL_COLUMNS)
+        kernels = []
+        for p in sorted(root.glob("results/kernel/*/*.json")):
+            k = json.loads(p.read_text())
+            kernels.append({"format": k["format"], "flash_attn": k["flash_attn"], "tg128_tok_s": k["tg_tok_s"],
+                            "tg128_stddev": k["tg_stddev"], "pp512_tok_s": k["pp_tok_s"], "pp512_stddev": k["pp_stddev"],
+                            "command": " ".join(Path(c).name if i == 0 else c for i, c in enumerate(k["command"]))})
+        _csv(out / "kernel.csv", kernels, ["format", "flash_attn", "tg128_tok_s", "tg128_stddev", "pp512_tok_s",
+                                           "pp512_stddev", "command"])
+        ends = []
+        for p in sorted(root.glob("results/raw/*/*/*/server.log")):
+            lines = p.read_text(errors="replace").splitlines()
+            ends += [f"== {p.relative_to(root / 'results/raw')} ({len(lines)} lines)", *lines[:log_lines], "...",
+                     *lines[-log_lines:], ""]
+        (out / "server-log-ends.txt").write_text("\n".join(ends))
+        shutil.copy2(root / "results/hardware.json", out / "hardware.json")
+        for m in root.glob("build/llamacpp/*-cuda*/manifest.json"):
+            shutil.copy2(m, out / "build-manifest.json")
+        bandwidth = json.loads((root / "results/hardware.json").read_text())["hardware_config"]["mem_bandwidth_gbs"]
+        (out / "table.md").write_text(format_table(cells, kernels, bandwidth))
+    return {n: out / n for n in ("cells.csv", "kernel.csv", "server-log-ends.txt", "hardware.json", "table.md")}
+
+
+def format_table(cells: list[dict], kernels: list[dict], bandwidth_gbs: float) -> str:
+    """Per format: served c=1 tok/s (prompt 128), llama-bench tg128, the decode roofline, J/token."""
+    from bakeoff.roofline import decode_ceiling
+
+    tg = {k["format"]: k["tg128_tok_s"] for k in kernels}
+    lines = ["| format | requests (c=1) | served tok/s (c=1, p128) | kernel tg128 tok/s | roofline tok/s "
+             f"({bandwidth_gbs:g} GB/s) | served / kernel | kernel / roofline | J/token c=1 | J/token c=8 | J/token c=32 |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for fmt in dict.fromkeys(c["format"] for c in cells):
+        by_c = {int(c["concurrency"]): c for c in cells if c["format"] == fmt and int(c["prompt_len"]) == 128
+                and c.get("status") == "ok"}
+        one = by_c.get(1, {})
+        roof = decode_ceiling(bandwidth_gbs, one.get("weight_bytes") or next(
+            c["weight_bytes"] for c in cells if c["format"] == fmt))
+        served, kern = one.get("output_throughput"), tg.get(fmt)
+
+        def num(v: float | None, f: str = ".1f") -> str:
+            return format(v, f) if v is not None else "not run"
+
+        jt = [num(by_c.get(c, {}).get("joules_per_output_token"), ".2f") for c in (1, 8, 32)]
+        lines.append(f"| {fmt} | {one.get('requests', 'not run')} | {num(served)} | {num(kern)} | {roof:.1f} | "
+                     f"{num(served / kern if served and kern else None, '.2f')} | "
+                     f"{num(kern / roof if kern else None, '.2f')} | {' | '.join(jt)} |")
+    return "\n".join(lines) + "\n"
