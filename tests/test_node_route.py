@@ -113,3 +113,13 @@ def test_node_target_plans_only_node_jobs():
             if line.strip()}
     assert {"doctor", "build_llamacpp", "serve_load", "kernel_bench", "quantize_gguf"} <= jobs
     assert not jobs & {"summary", "track", "plots", "pages", "samples"}
+
+
+def test_record_of_the_h200_run_derives_its_committed_tables(tmp_path: Path):
+    """The committed run record is what `bakeoff node record` derives from the committed tarball."""
+    from bakeoff.node import record
+
+    run = ROOT / "runs/h200-llamacpp/matrix-2026-12-03"
+    paths = record(run / "node-results.tgz", tmp_path)
+    for name in ("cells.csv", "kernel.csv", "table.md", "server-log-ends.txt", "hardware.json"):
+        assert paths[name].read_text() == (run / name).read_text(), name
