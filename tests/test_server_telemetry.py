@@ -112,3 +112,17 @@ def test_no_request_waits_when_slots_cover_concurrency(server, tiny_model: Path)
     assert cols["peak_running_requests"] == 3
     # 3 busy slots of 1024 tokens hold at most 3 x (32 + 96) tokens of the 4 x 1024
     assert 0 < cols["kv_cache_peak_pct"] <= 100 * 3 * (32 + 96) / 4096 + 1e-9
+
+
+def test_llama_bench_stage_records_pp_and_tg(cpu_toolchain: Path, tiny_model: Path, tmp_path: Path):
+    """The kernel_bench rule's stage on the CPU build: llama-bench's own records, pp512 and tg128, at -fa off."""
+    out = tmp_path / "f16-faoff.json"
+    proc = subprocess.run([str(BIN / "bakeoff"), "stage", "llama-bench", "--hardware", CPU.model_dump_json(),
+                           "--flash-attn", "off", "--input", str(tiny_model / "manifest.json"),
+                           "--toolchain", str(cpu_toolchain / "manifest.json"), "--out", str(out)],
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    k = json.loads(out.read_text())
+    assert k["flash_attn"] == "off" and k["tg_tok_s"] > 0 and k["pp_tok_s"] > k["tg_tok_s"]
+    assert {(r["n_prompt"], r["n_gen"]) for r in k["records"]} == {(512, 0), (0, 128)}
+    assert all(int(r["flash_attn"]) == 0 for r in k["records"])
