@@ -7,7 +7,7 @@ STAMP  := $(VENV)/.bakeoff-installed
 # Rules call the `bakeoff` CLI: the venv's bin must be on PATH for every recipe.
 export PATH := $(CURDIR)/$(BIN):$(PATH)
 
-.PHONY: setup run test lint clean-venv
+.PHONY: setup run test test-fast lint clean-venv
 
 setup: $(STAMP)
 
@@ -26,10 +26,16 @@ $(STAMP): pyproject.toml Makefile
 run: setup
 	$(BIN)/snakemake --cores all
 
+# The full suite: lint, then every test (one shared pipeline run of the `ci` experiment; see tests/conftest.py).
 test: setup
 	$(BIN)/ruff check
 	$(BIN)/snakemake --lint
 	$(BIN)/pytest
+
+# The fast tier, after every change: no server start, no build, no pipeline run.
+test-fast: setup
+	$(BIN)/ruff check
+	$(BIN)/pytest -m "not slow"
 
 lint: setup
 	$(BIN)/ruff check

@@ -21,6 +21,7 @@ min_version("9.0")
 #       samples.json                          its generations of the fixed prompt set
 #   results/kernel/{model}/{format}-fa{fa}.json   llama-bench pp512/tg128 of one GGUF, fa = the server's on|off|auto
 #   results/summary.csv                   one row per cell (every sweep point), quality columns joined per variant
+#   results/baselines.json                each engine's 16-bit variant and its ok cells (the run fails without any)
 #   results/samples/{experiment}/{model}.md   every variant's generations, side by side
 #   results/config.json, versions.json    the invocation's composed config per sweep point; pinned versions
 #   results/plots/<name>.png              report plots (also logged to MLflow)
@@ -40,6 +41,7 @@ CELLS = "results/raw/{experiment}/{model}/{engine}-{format}/cells.json"
 QUALITY = "results/raw/{experiment}/{model}/{engine}-{format}/quality.json"
 VARIANT_SAMPLES = "results/raw/{experiment}/{model}/{engine}-{format}/samples.json"
 SUMMARY = "results/summary.csv"
+BASELINES = "results/baselines.json"
 SAMPLES = "results/samples/{experiment}/{model}.md"
 POINTS_FILE = "results/config.json"
 VERSIONS = "results/versions.json"
@@ -67,6 +69,7 @@ localrules:
     all,
     points,
     summary,
+    check_baselines,
     samples,
     versions,
     plots,

@@ -1,14 +1,25 @@
-"""Shared fixtures. Tests run the real pipeline on the real embedded model.
+"""Shared fixtures, in two tiers.
 
-The pipeline writes into the repository's own models/ and build/ (ignored by
-git), exactly as `make run` does, so a developer's later run is incremental.
+``make test-fast`` (``pytest -m "not slow"``) starts no server and builds
+nothing. Every test that does is marked ``slow``; ``make test`` runs both.
+
+Tests that read pipeline outputs share one session-scoped run of the ``ci``
+experiment (conf/experiment/ci.yaml) through the fixture :func:`pipeline`. It
+runs the real Snakefile in a temporary results root, so the repository's own
+``results/`` is never touched; ``models/`` and ``build/`` are the
+repository's (git-ignored), so a developer's later ``make run`` reuses them.
+No test depends on another having run first.
 """
 
 from __future__ import annotations
 
+import csv
 import os
 import subprocess
 import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -16,33 +27,86 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 MODEL = "smollm2-135m"
-FORMATS = ["fp16", "fp8", "fp8-dequant", "f16", "q8_0", "q4_k_m"]  # plus fp8-dynamic
+EXPERIMENT = "ci"
+# What a pipeline working directory needs from the repository: the workflow and its inputs (read-only),
+# and the built artifacts, shared so a build happens once per checkout.
+SHARED = ("Snakefile", "workflow", "conf", "data", "envs", "models", "build")
 
 
-def snakemake(*args: str, check: bool = True, timeout: float = 3000) -> subprocess.CompletedProcess:
-    """Run the project's Snakefile with the venv's snakemake."""
+def snakemake(*args: str, check: bool = True, timeout: float = 3000, cwd: Path = ROOT) -> subprocess.CompletedProcess:
+    """Run the project's Snakefile with the venv's snakemake, in ``cwd`` (the repository by default)."""
     env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}"}
-    proc = subprocess.run([str(BIN / "snakemake"), *args], cwd=ROOT, env=env, capture_output=True, text=True,
+    proc = subprocess.run([str(BIN / "snakemake"), *args], cwd=cwd, env=env, capture_output=True, text=True,
                           timeout=timeout)
     if check and proc.returncode != 0:
         raise AssertionError(f"snakemake {' '.join(args)} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}")
     return proc
 
 
-def bakeoff(*args: str, env: dict | None = None, timeout: float = 900) -> subprocess.CompletedProcess:
-    return subprocess.run([str(BIN / "bakeoff"), *args], cwd=ROOT, capture_output=True, text=True,
+def bakeoff(*args: str, env: dict | None = None, timeout: float = 900, cwd: Path = ROOT) -> subprocess.CompletedProcess:
+    return subprocess.run([str(BIN / "bakeoff"), *args], cwd=cwd, capture_output=True, text=True,
                           env={**os.environ, **(env or {})}, timeout=timeout)
 
 
+def results_root(path: Path) -> Path:
+    """A working directory for the real Snakefile whose results/, logs/ and .snakemake/ are its own."""
+    path.mkdir(parents=True, exist_ok=True)
+    for name in SHARED:
+        target = ROOT / name
+        if name in ("models", "build"):
+            target.mkdir(exist_ok=True)
+        (path / name).symlink_to(target)
+    return path
+
+
+@dataclass(frozen=True)
+class Pipeline:
+    """One finished pipeline run: its working directory and the paths tests read."""
+
+    root: Path
+    experiment: str = EXPERIMENT
+
+    @property
+    def results(self) -> Path:
+        return self.root / "results"
+
+    @property
+    def raw(self) -> Path:
+        return self.results / "raw" / self.experiment / MODEL
+
+    @property
+    def summary_path(self) -> Path:
+        return self.results / "summary.csv"
+
+    @property
+    def hardware_path(self) -> Path:
+        return self.results / "hardware.json"
+
+    def rows(self) -> list[dict[str, str]]:
+        with open(self.summary_path, newline="") as f:
+            return list(csv.DictReader(f))
+
+    def snakemake(self, *args: str, check: bool = True, timeout: float = 3000) -> subprocess.CompletedProcess:
+        return snakemake(*args, check=check, timeout=timeout, cwd=self.root)
+
+
 @pytest.fixture(scope="session")
-def models() -> Path:
-    """The smoke experiment (rule all: summary + samples) run by Snakemake (no-op when up to date), plus fp8-dynamic."""
-    snakemake("--cores", "all", "all", f"models/{MODEL}/fp8-dynamic/manifest.json")
+def pipeline(tmp_path_factory: pytest.TempPathFactory) -> Pipeline:
+    """The ``ci`` experiment, rule all (summary, samples, plots, pages, DVC metrics, MLflow), plus the FP8 family."""
+    run = Pipeline(results_root(tmp_path_factory.mktemp("pipeline")))
+    run.snakemake("--cores", "all", "--config", f"experiment={EXPERIMENT}", "--", "all",
+                  *(f"models/{MODEL}/{f}/manifest.json" for f in ("fp8-dynamic", "fp8-dequant", "q8_0")))
+    return run
+
+
+@pytest.fixture(scope="session")
+def models(pipeline: Pipeline) -> Path:
+    """Every format of the embedded model, made by the pipeline."""
     return ROOT / "models" / MODEL
 
 
 @pytest.fixture(scope="session")
-def toolchain(models: Path) -> Path:
+def toolchain(pipeline: Pipeline) -> Path:
     dirs = [d for d in (ROOT / "build" / "llamacpp").iterdir() if d.name.endswith("-cpu") and (d / "manifest.json").exists()]
     assert len(dirs) == 1, dirs
     return dirs[0]
@@ -54,7 +118,8 @@ def _is_server(argv: list[str]) -> bool:
         return False
     if Path(argv[0]).name == "llama-server":
         return True
-    return any(a in ("vllm.entrypoints.openai.api_server", "llama_cpp.server") for a in argv[1:3])
+    return any(a in ("vllm.entrypoints.openai.api_server", "llama_cpp.server", "bakeoff.quality.gguf_server")
+               for a in argv[1:3])
 
 
 def _server_pids() -> set[int]:
@@ -68,10 +133,8 @@ def _server_pids() -> set[int]:
 
 
 @pytest.fixture(scope="session", autouse=True)
-def no_server_outlives_the_tests():
+def no_server_outlives_the_tests() -> Iterator[None]:
     """Every server a test (or the pipeline) starts must be gone when the session ends."""
-    import time
-
     before = _server_pids()
     yield
     deadline = time.monotonic() + 30

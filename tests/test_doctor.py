@@ -1,14 +1,13 @@
 """The hardware doctor: on this CPU machine for real, and on recorded NVML facts of V100, A100 and H200 nodes.
 
-tests/fixtures/hardware/h200.json was recorded on the lent H200 (``python -m bakeoff.doctor``); the V100 and
-A100 files hold the same fields as NVML reports them for those parts (2x V100-PCIE with an NVLink bridge,
-as in the seed; 2x A100-PCIE behind one switch, no NVLink).
+tests/fixtures/hardware/h200.json was recorded on the lent H200 (``python -m bakeoff.doctor``). The V100
+and A100 files are hand-written (``*.handwritten.json``; tests/fixtures/hardware/README.md says where each
+value comes from): the same fields, shaped as NVML reports them for those parts.
 """
 
 from __future__ import annotations
 
 import copy
-import csv
 import json
 from pathlib import Path
 
@@ -18,7 +17,7 @@ from bakeoff.config import load_config
 from bakeoff.doctor import DoctorError, analyze, capabilities, predict, run, variants_of
 from bakeoff.schema import DoctorCfg
 
-from conftest import ROOT, bakeoff
+from conftest import Pipeline, bakeoff
 
 FIX = Path(__file__).parent / "fixtures" / "hardware"
 
@@ -42,7 +41,7 @@ def test_capability_rules_by_compute_capability() -> None:
 
 
 def test_v100_node_expects_the_seeds_fp8_cell_unsupported() -> None:
-    rep, pred = _report("v100x2", "v100x2")
+    rep, pred = _report("v100x2.handwritten", "v100x2")
     assert rep["compute_capability"] == 7.0 and rep["capabilities"]["any_fp8"] is False
     assert pred["vllm-fp8"]["expected"] == "unsupported" and "7.0" in pred["vllm-fp8"]["reason"]
     assert pred["vllm-fp16"]["expected"] == "supported" and pred["llamacpp-q4_k_m"]["expected"] == "supported"
@@ -52,7 +51,7 @@ def test_v100_node_expects_the_seeds_fp8_cell_unsupported() -> None:
 
 
 def test_a100_node_uses_marlin_and_reports_pcie() -> None:
-    rep, pred = _report("a100x2", "v100x2")  # the seed's config on an A100 pair: warnings name the mismatch
+    rep, pred = _report("a100x2.handwritten", "v100x2")  # the seed's config on an A100 pair: warnings name the mismatch
     assert rep["capabilities"] == {"native_fp8": False, "bf16": True, "vllm_fp8_marlin": True, "any_fp8": True}
     assert pred["vllm-fp8"]["expected"] == "supported" and "Marlin" in pred["vllm-fp8"]["reason"]
     assert rep["topology"]["matrix"] == [["X", "PXB"], ["PXB", "X"]] and rep["topology"]["interconnect"] == "pcie"
@@ -69,7 +68,7 @@ def test_h200_recording_native_fp8() -> None:
 
 
 def test_uncorrectable_ecc_stops_unless_overridden(tmp_path: Path) -> None:
-    facts = _facts("v100x2")
+    facts = _facts("v100x2.handwritten")
     bad = copy.deepcopy(facts)
     bad["gpus"][1]["ecc"]["aggregate"]["uncorrected"] = 2
     cfg = load_config(["experiment=blog_v100"])
@@ -102,17 +101,16 @@ def test_doctor_on_this_machine_without_gpus(tmp_path: Path) -> None:
     assert "vllm-fp8: unsupported" in p.stdout and "llamacpp-q4_k_m: supported" in p.stdout
 
 
-def test_pipeline_runs_the_doctor_first_and_the_summary_shows_its_predictions(models: Path) -> None:
-    rep = json.loads((ROOT / "results" / "hardware.json").read_text())
+@pytest.mark.slow
+def test_pipeline_runs_the_doctor_first_and_the_summary_shows_its_predictions(pipeline: Pipeline) -> None:
+    rep = json.loads(pipeline.hardware_path.read_text())
     assert rep["hardware_config"]["name"] == "cpu" and rep["cpu"]["mem_bandwidth_gbs"] > 0
-    cells = ROOT / "results" / "raw" / "smoke" / "smollm2-135m"
-    assert all((cells / v / "cells.json").stat().st_mtime >= (ROOT / "results" / "hardware.json").stat().st_mtime
+    assert all((pipeline.raw / v / "cells.json").stat().st_mtime >= pipeline.hardware_path.stat().st_mtime
                for v in ("vllm-fp16", "llamacpp-q4_k_m"))
-    with open(ROOT / "results" / "summary.csv", newline="") as f:
-        rows = list(csv.DictReader(f))
-    fp8 = [r for r in rows if r["experiment"] == "smoke" and r["format"] == "fp8"]
+    rows = pipeline.rows()
+    fp8 = [r for r in rows if r["format"] == "fp8"]
     assert fp8 and all(r["predicted_status"] == "unsupported" and r["status"] == "unsupported" for r in fp8)
-    ok = [r for r in rows if r["experiment"] == "smoke" and r["format"] == "q4_k_m"]
+    ok = [r for r in rows if r["format"] == "q4_k_m"]
     assert ok and all(r["predicted_status"] == "supported" for r in ok)
     assert {r["mem_bandwidth_source"] for r in rows} == {"measured (doctor)"}
     bw = [float(r["mem_bandwidth_gbs"]) for r in rows if r["mem_bandwidth_gbs"]]

@@ -1,5 +1,9 @@
-"""DVC: on a fresh clone `dvc repro` runs the default pipeline; a second `dvc repro` runs nothing;
-`dvc exp run -S` reaches the pipeline through DVC's Hydra composition."""
+"""DVC: on a fresh clone `dvc exp run -S` composes params.yaml with DVC's Hydra and runs the pipeline on it;
+a second `dvc repro` runs nothing; a further `-S` reaches the pipeline.
+
+The clone reuses the test session's pipeline run (the ``ci`` experiment), so DVC drives Snakemake over
+measurements that already exist, as it would on a developer's checkout: nothing is measured twice.
+"""
 
 from __future__ import annotations
 
@@ -14,7 +18,7 @@ import pytest
 
 from bakeoff.config import config_hash, load_config
 
-from conftest import BIN, ROOT, snakemake
+from conftest import BIN, ROOT, Pipeline
 
 pytestmark = pytest.mark.slow
 
@@ -26,29 +30,29 @@ def _run(cmd: list[str], cwd: Path, env: dict, timeout: float = 3000) -> subproc
 
 
 @pytest.fixture(scope="module")
-def clone(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
-    """A fresh clone of this repository's HEAD, with this checkout's built artifacts reused."""
-    snakemake("--cores", "all")  # make this checkout's pipeline state current, so the clone can reuse it
+def clone(pipeline: Pipeline, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
+    """A fresh clone of this repository's HEAD, with the test pipeline's artifacts and measurements reused."""
     base = tmp_path_factory.mktemp("dvc")
     clone = base / "clone"
     env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}", "PYTHONPATH": str(clone / "src")}
     _run(["git", "clone", "-q", str(ROOT), str(clone)], base, env)
-    # A fresh clone rebuilds everything (~10 min on 2 cores). Reuse this checkout's artifacts instead:
-    # hard links for the big, read-only ones, a copy of Snakemake's metadata (it is rewritten in place).
-    for d in ("models", "build", "results/raw", "results/hardware.json"):  # the doctor's record: serve_load reads it
+    # A fresh clone rebuilds and re-measures everything. Reuse the test pipeline's state instead: hard
+    # links for the big, read-only artifacts, a copy of Snakemake's metadata (it is rewritten in place).
+    for src, d in ((ROOT / "models", "models"), (ROOT / "build", "build"), (pipeline.results / "raw", "results/raw"),
+                   (pipeline.hardware_path, "results/hardware.json")):  # the doctor's record: serve_load reads it
         (clone / d).parent.mkdir(parents=True, exist_ok=True)
-        linked = subprocess.run(["cp", "-al", str(ROOT / d), str(clone / d)], capture_output=True)
+        linked = subprocess.run(["cp", "-al", str(src.resolve()), str(clone / d)], capture_output=True)
         if linked.returncode != 0:  # another filesystem: copy (slower, same result)
             shutil.rmtree(clone / d, ignore_errors=True)
-            _run(["cp", "-a", str(ROOT / d), str(clone / d)], base, env)
-    shutil.copytree(ROOT / ".snakemake" / "metadata", clone / ".snakemake" / "metadata")
+            _run(["cp", "-a", str(src.resolve()), str(clone / d)], base, env)
+    shutil.copytree(pipeline.root / ".snakemake" / "metadata", clone / ".snakemake" / "metadata")
     return clone, env
 
 
 def test_dvc_repro_on_a_fresh_clone_then_no_op(clone: tuple[Path, dict]) -> None:
     path, env = clone
     assert not (path / "results" / "summary.csv").exists()
-    first = _run([str(BIN / "dvc"), "repro"], path, env)
+    first = _run([str(BIN / "dvc"), "exp", "run", "-S", "experiment=ci"], path, env)
     assert "Running stage 'bakeoff'" in first.stdout, first.stdout[-2000:]
     assert "rule serve_load" not in first.stdout + first.stderr  # Snakemake reused the measurements
     assert (path / "results" / "summary.csv").stat().st_size > 0
@@ -65,9 +69,10 @@ def test_dvc_repro_on_a_fresh_clone_then_no_op(clone: tuple[Path, dict]) -> None
 def test_dvc_exp_run_set_param_reaches_the_pipeline(clone: tuple[Path, dict]) -> None:
     """`-S` (a cheap one: only the summary side re-runs) -> DVC composes params.yaml -> Snakemake runs it."""
     path, env = clone
-    out = _run([str(BIN / "dvc"), "exp", "run", "-S", "tracking.experiment=bakeoff-exp"], path, env)
+    out = _run([str(BIN / "dvc"), "exp", "run", "-S", "experiment=ci", "-S", "tracking.experiment=bakeoff-exp"],
+               path, env)
     assert "Running stage 'bakeoff'" in out.stdout
     assert json.loads((path / "results" / "mlflow" / "runs.json").read_text())["experiment"] == "bakeoff-exp"
     with open(path / "results" / "summary.csv", newline="") as f:
         hashes = {r["config_hash"] for r in csv.DictReader(f)}
-    assert hashes == {config_hash(load_config(["tracking.experiment=bakeoff-exp"], ROOT / "conf"))}
+    assert hashes == {config_hash(load_config(["experiment=ci", "tracking.experiment=bakeoff-exp"], ROOT / "conf"))}

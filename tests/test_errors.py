@@ -14,8 +14,6 @@ from bakeoff.manifest import read_manifest, sha256_file, verify
 
 from conftest import ROOT, bakeoff, snakemake
 
-pytestmark = pytest.mark.slow
-
 
 def _assert_clean_failure(proc, *needles: str) -> None:
     assert proc.returncode == 2, proc.stdout + proc.stderr
@@ -86,6 +84,7 @@ def _make_hub_cache(cache: Path, src: Path, repo: str = "local/smollm2") -> str:
     return commit
 
 
+@pytest.mark.slow
 def test_hub_source_from_local_cache_records_commit_and_hashes(models: Path, tmp_path: Path) -> None:
     """The real huggingface_hub download path, fed from a local cache (no hub here)."""
     commit = _make_hub_cache(tmp_path / "cache", models / "fp16")
@@ -106,6 +105,7 @@ def test_hub_source_from_local_cache_records_commit_and_hashes(models: Path, tmp
     assert read_manifest(fp16)["derived_from"] == f"local/smollm2@{commit}"
 
 
+@pytest.mark.slow
 def test_corrupted_input_is_refused_and_nothing_is_written(models: Path, toolchain: Path, tmp_path: Path) -> None:
     src = tmp_path / "f16"
     shutil.copytree(models / "f16", src)

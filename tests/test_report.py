@@ -5,28 +5,31 @@ from __future__ import annotations
 import csv
 from pathlib import Path
 
+import pytest
+
 from bakeoff.report.plots import QUALITY, quality_vs_speed, read_summary, render_all
 
-from conftest import ROOT, snakemake
+from conftest import Pipeline
+
+pytestmark = pytest.mark.slow  # every test reads the pipeline's outputs
 
 
-def test_snakemake_report_renders(tmp_path: Path) -> None:
-    snakemake("--cores", "all")  # the default target makes every report input (no-op when up to date)
+def test_snakemake_report_renders(pipeline: Pipeline, tmp_path: Path) -> None:
     out = tmp_path / "report.html"
-    snakemake("--cores", "1", "--report", str(out))
+    pipeline.snakemake("--cores", "1", "--report", str(out), "--config", f"experiment={pipeline.experiment}")
     html = out.read_text(errors="replace")
     for name in ("throughput_vs_concurrency.png", "ttft.png", "tpot.png", "quality_vs_speed.png", "roofline.png",
                  "summary.html", "environment.html"):
         assert name in html, name
-    env = (ROOT / "results" / "report" / "environment.html").read_text()
+    env = (pipeline.results / "report" / "environment.html").read_text()
     for key in ("llamacpp_commit", "lm_eval", "torch", "cuda_driver", "git_sha", "model_sha256", "mem_bandwidth_gbs"):
         assert key in env, key
-    table = (ROOT / "results" / "report" / "summary.html").read_text()
-    assert table.count("<tr") == len(read_summary(ROOT / "results" / "summary.csv")) + 1
+    table = (pipeline.results / "report" / "summary.html").read_text()
+    assert table.count("<tr") == len(read_summary(pipeline.summary_path)) + 1
 
 
-def test_plots_render_without_quality_columns_and_use_them_when_present(tmp_path: Path) -> None:
-    rows = read_summary(ROOT / "results" / "summary.csv")
+def test_plots_render_without_quality_columns_and_use_them_when_present(pipeline: Pipeline, tmp_path: Path) -> None:
+    rows = read_summary(pipeline.summary_path)
     for col in QUALITY:
         for r in rows:
             r.pop(col, None)
@@ -37,15 +40,15 @@ def test_plots_render_without_quality_columns_and_use_them_when_present(tmp_path
     assert quality_vs_speed(with_q, tmp_path / "q.png") == len(variants) > 0
 
 
-def test_render_all_writes_every_plot_from_a_summary_copy(tmp_path: Path) -> None:
-    src = ROOT / "results" / "summary.csv"
+def test_render_all_writes_every_plot_from_a_summary_copy(pipeline: Pipeline, tmp_path: Path) -> None:
+    src = pipeline.summary_path
     summary = tmp_path / "summary.csv"
     with open(src, newline="") as f, open(summary, "w", newline="") as g:
         rows = list(csv.DictReader(f))
         w = csv.DictWriter(g, fieldnames=list(rows[0]))
         w.writeheader()
         w.writerows(rows)
-    indexes = sorted((ROOT / "results" / "raw").glob("*/*/*/cells.json"))
+    indexes = sorted((pipeline.results / "raw").glob("*/*/*/cells.json"))
     paths = render_all(summary, indexes, tmp_path / "plots")
     assert sorted(p.name for p in paths) == sorted(p.name for p in (tmp_path / "plots").iterdir())
     assert len(paths) == 5

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import csv
 import json
 import os
 import shutil
@@ -22,7 +21,7 @@ from bakeoff.proc import ServerStartError
 from bakeoff.schema import LoadCfg
 from bakeoff.stages import serve_load
 
-from conftest import ROOT, _server_pids, bakeoff
+from conftest import ROOT, Pipeline, _server_pids, bakeoff
 
 pytestmark = pytest.mark.slow
 ISSUE_COLUMNS = ["engine", "engine_version", "format", "model", "hardware", "concurrency", "prompt_len", "output_len",
@@ -32,13 +31,12 @@ ISSUE_COLUMNS = ["engine", "engine_version", "format", "model", "hardware", "con
 
 
 @pytest.fixture(scope="module")
-def summary(models: Path) -> list[dict]:
-    with open(ROOT / "results" / "summary.csv") as f:
-        return list(csv.DictReader(f))
+def summary(pipeline: Pipeline) -> list[dict]:
+    return pipeline.rows()
 
 
-def test_summary_has_every_cell_of_smoke(summary: list[dict]) -> None:
-    cfg = load_config([])
+def test_summary_has_every_cell_of_the_experiment(summary: list[dict]) -> None:
+    cfg = load_config(["experiment=ci"])
     expected = {(e, f, str(c), str(p)) for e, f in cfg.variants() for c in cfg.load.concurrency
                 for p in cfg.load.prompt_len}
     assert {(r["engine"], r["format"], r["concurrency"], r["prompt_len"]) for r in summary} == expected
@@ -65,15 +63,15 @@ def test_every_other_cell_ran_and_measured(summary: list[dict]) -> None:
         assert r["engine_version"] in ("0.32.0", "llama.cpp@0c1e57098")
 
 
-def test_requests_are_exact_length_and_use_server_token_counts(models: Path) -> None:
-    cfg = load_config([])
-    raw = ROOT / "results" / "raw" / "smoke" / "smollm2-135m"
+def test_requests_are_exact_length_and_use_server_token_counts(pipeline: Pipeline) -> None:
+    cfg = load_config(["experiment=ci"])
+    c, p = max(cfg.load.concurrency), cfg.load.prompt_len[0]
     for variant in ["vllm-fp16", "llamacpp-q4_k_m"]:
-        for line in (raw / variant / "c8-p128.jsonl").read_text().splitlines():
+        for line in (pipeline.raw / variant / f"c{c}-p{p}.jsonl").read_text().splitlines():
             rec = json.loads(line)
             assert rec["success"] and rec["tokens_from"] == "usage"
             assert rec["output_tokens"] == cfg.load.output_len  # ignore_eos + max_tokens
-            assert rec["prompt_tokens"] == 128, variant  # exact-length prompts
+            assert rec["prompt_tokens"] == p, variant  # exact-length prompts
             assert len(rec["itl"]) >= 1
 
 
@@ -124,14 +122,42 @@ def test_server_killed_mid_cell_fails_that_cell_and_rerun_redoes_only_it(models:
     assert (out / "c2-p32.json").stat().st_mtime_ns == ok_mtime, "a finished cell must not be re-run"
 
 
-def test_server_that_cannot_start_is_reported_with_its_log(models: Path, tmp_path: Path) -> None:
+def test_server_that_cannot_start_is_failed_not_unsupported(models: Path, tmp_path: Path) -> None:
+    """A misspelled flag is our mistake, not a property of the hardware: ``failed``, with the engine's words."""
     v = _llama_variant(models, tmp_path)
     v["engine_cfg"] = v["engine_cfg"].model_copy(update={"extra_args": ["--no-such-flag"]})
     t0 = time.monotonic()
     index = serve_load.run(load=_small_load(), out_dir=tmp_path / "raw", **v)
     assert time.monotonic() - t0 < 60
-    assert {c["status"] for c in index["cells"]} == {"unsupported"}
+    assert {c["status"] for c in index["cells"]} == {"failed"}
     assert "--no-such-flag" in index["cells"][0]["reason"]
+
+
+def test_vllm_kv_cache_from_a_fraction_of_node_memory_fails_and_the_explicit_size_runs(
+        pipeline: Pipeline, models: Path, tmp_path: Path) -> None:
+    """The small-node failure, reproduced: a fraction of the node's memory below the worker's own RSS.
+
+    vLLM's CPU worker sizes the KV cache as gpu_memory_utilization x the node's total minus its RSS; at 1%
+    of this node that is negative, and the start fails. That is a resource failure (``failed``), never
+    ``unsupported``. The same variant with the explicit size the config sets (the pipeline's vllm-fp16,
+    same model, same settings otherwise) measured every cell.
+    """
+    cfg = load_config(["experiment=ci"])
+    explicit = cfg.engines["vllm"]
+    assert explicit.settings["kv_cache_memory_bytes"]
+    fraction = explicit.model_copy(update={"settings": {**{k: v for k, v in explicit.settings.items()
+                                                           if k != "kv_cache_memory_bytes"},
+                                                        "gpu_memory_utilization": 0.01}})
+    index = serve_load.run(engine_cfg=fraction, hardware=cfg.hardware, load=_small_load(concurrency=[1]),
+                           experiment="t", model="smollm2-135m", fmt="fp16", engine_name="vllm",
+                           model_dir=models / "fp16", tokenizer_dir=models / "fp16", out_dir=tmp_path / "raw",
+                           toolchain_dir=None, show_progress=False)
+    cell = index["cells"][0]
+    assert cell["status"] == "failed", cell
+    assert "Available memory on node" in cell["reason"] and "kv" in cell["reason"]
+    ran = [r for r in pipeline.rows() if (r["engine"], r["format"]) == ("vllm", "fp16")]
+    assert ran and all(r["status"] == "ok" for r in ran)
+    assert all(json.loads(r["engine_settings"])["kv_cache_memory_bytes"] == "1G" for r in ran)
 
 
 def test_server_not_ready_within_timeout_is_stopped_with_log_tail(models: Path, tmp_path: Path) -> None:
@@ -179,13 +205,13 @@ def test_cli_load_runs_against_any_openai_server(models: Path, tmp_path: Path) -
 
 
 @pytest.mark.parametrize("how", ["ctrl-c", "kill-9"])
-def test_interrupting_snakemake_leaves_no_server(models: Path, how: str) -> None:
+def test_interrupting_snakemake_leaves_no_server(pipeline: Pipeline, how: str) -> None:
     """Ctrl-C on the whole job group, or SIGKILL of snakemake alone: the server must go either way."""
     import subprocess
     import sys as _sys
 
     exp = f"interrupt-{how.replace('-', '')}"
-    out = ROOT / "results" / "raw" / exp
+    out = pipeline.results / "raw" / exp
     shutil.rmtree(out, ignore_errors=True)
     target = f"results/raw/{exp}/smollm2-135m/llamacpp-q4_k_m/cells.json"
     overrides = (f"experiment.name={exp} experiment.variants={{llamacpp:[q4_k_m]}} load.concurrency=[1] "
@@ -194,7 +220,7 @@ def test_interrupting_snakemake_leaves_no_server(models: Path, how: str) -> None
     env = {**os.environ, "PATH": f"{bindir}{os.pathsep}{os.environ['PATH']}"}
     before = _server_pids()
     proc = subprocess.Popen([str(bindir / "snakemake"), "--cores", "2", target, "--config", f"overrides={overrides}"],
-                            cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+                            cwd=pipeline.root, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
     try:
         deadline = time.monotonic() + 180
         while not (_server_pids() - before) and time.monotonic() < deadline:
@@ -213,11 +239,9 @@ def test_interrupting_snakemake_leaves_no_server(models: Path, how: str) -> None
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
         proc.wait(timeout=60)
-        subprocess.run([str(bindir / "snakemake"), "--unlock", "--cores", "1"], cwd=ROOT, env=env,
+        subprocess.run([str(bindir / "snakemake"), "--unlock", "--cores", "1"], cwd=pipeline.root, env=env,
                        capture_output=True)
         shutil.rmtree(out, ignore_errors=True)
-        shutil.rmtree(ROOT / "logs" / "results" / "raw" / exp, ignore_errors=True)
-        shutil.rmtree(ROOT / "logs" / "bench" / "results" / "raw" / exp, ignore_errors=True)
 
 
 def test_changed_settings_rerun_cells_instead_of_reusing_them(models: Path, tmp_path: Path) -> None:

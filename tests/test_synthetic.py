@@ -22,18 +22,24 @@ from bakeoff.errors import ConfigError
 from bakeoff.loadgen.prompts import make_prompts
 from bakeoff.synthetic import LLAMA2_7B, vocabulary
 
-from conftest import BIN, ROOT, snakemake
+from conftest import BIN, ROOT, Pipeline
 
 TINY = "synthetic-tiny"
-RAW = ROOT / "results" / "raw" / "synthetic_tiny" / TINY
+RAW_REL = Path("results") / "raw" / "synthetic_tiny" / TINY
+RUN: list[Pipeline] = []
 
 
 @pytest.fixture(scope="module")
-def tiny(models: Path) -> Path:
-    """Both variants of the synthetic_tiny experiment, run by Snakemake (after the default run: same doctor)."""
-    snakemake("--cores", "all", "--config", "experiment=synthetic_tiny", "--",
-              *(str(RAW.relative_to(ROOT) / v / "cells.json") for v in ("llamacpp-f16", "llamacpp-q4_k_m")))
+def tiny(pipeline: Pipeline) -> Path:
+    """Both variants of the synthetic_tiny experiment, run by Snakemake in the test session's results root."""
+    pipeline.snakemake("--cores", "all", "--config", "experiment=synthetic_tiny", "--",
+                       *(str(RAW_REL / v / "cells.json") for v in ("llamacpp-f16", "llamacpp-q4_k_m")))
+    RUN[:] = [pipeline]
     return ROOT / "models" / TINY
+
+
+def _raw() -> Path:
+    return RUN[0].root / RAW_REL
 
 
 def test_vocabulary_is_exact_and_its_merges_are_consistent() -> None:
@@ -57,30 +63,32 @@ def test_synthetic_models_refuse_quality_and_hf_formats() -> None:
         load_config(["experiment=synthetic_tiny", "eval=smoke"])
 
 
+@pytest.mark.slow
 def test_pipeline_serves_the_synthetic_model_with_exact_lengths(tiny: Path) -> None:
     src = json.loads((tiny / "source" / "manifest.json").read_text())
     assert src["source"]["kind"] == "synthetic" and src["source"]["n_params"] > 0
     for variant in ("llamacpp-f16", "llamacpp-q4_k_m"):
-        idx = json.loads((RAW / variant / "cells.json").read_text())
-        cells = [json.loads((RAW / variant / f"{c}.json").read_text()) for c in ("c1-p32", "c2-p32")]
+        idx = json.loads((_raw() / variant / "cells.json").read_text())
+        cells = [json.loads((_raw() / variant / f"{c}.json").read_text()) for c in ("c1-p32", "c2-p32")]
         assert [c["status"] for c in cells] == ["ok", "ok"], idx
         for c in ("c1-p32", "c2-p32"):
-            recs = [json.loads(line) for line in (RAW / variant / f"{c}.jsonl").read_text().splitlines()]
+            recs = [json.loads(line) for line in (_raw() / variant / f"{c}.jsonl").read_text().splitlines()]
             # the server's own usage counts: 32-token prompts (one tokenizer on both sides), 16 tokens out (ignore_eos)
             assert recs and all(r["success"] and r["prompt_tokens"] == 32 and r["output_tokens"] == 16 for r in recs)
-        q = json.loads((RAW / variant / "quality.json").read_text())
+        q = json.loads((_raw() / variant / "quality.json").read_text())
         assert q["status"] == "skipped" and "synthetic" in q["reason"]
 
 
+@pytest.mark.slow
 def test_summary_marks_synthetic_rows(tiny: Path, tmp_path: Path) -> None:
     points = tmp_path / "config.json"
     run = subprocess.run([str(BIN / "bakeoff"), "points", "--smk-config", '{"experiment": "synthetic_tiny"}',
                           "--out", str(points)], cwd=ROOT, capture_output=True, text=True)
     assert run.returncode == 0, run.stderr
     out = tmp_path / "summary.csv"
-    run = subprocess.run([str(BIN / "bakeoff"), "summarize", *(str(RAW / v / "cells.json") for v in
+    run = subprocess.run([str(BIN / "bakeoff"), "summarize", *(str(_raw() / v / "cells.json") for v in
                           ("llamacpp-f16", "llamacpp-q4_k_m")), "--points", str(points),
-                          "--hardware", str(ROOT / "results" / "hardware.json"), "--out", str(out)],
+                          "--hardware", str(RUN[0].hardware_path), "--out", str(out)],
                          cwd=ROOT, capture_output=True, text=True)
     assert run.returncode == 0, run.stderr
     rows = list(csv.DictReader(out.open()))
@@ -95,6 +103,7 @@ def _server(tiny: Path, toolchain: Path, tmp_path: Path, **settings):
     return get_engine("llamacpp")(spec)
 
 
+@pytest.mark.slow
 def test_llama_server_tokenizes_exactly_like_the_hf_tokenizer(tiny: Path, toolchain: Path, tmp_path: Path) -> None:
     tok = AutoTokenizer.from_pretrained(tiny / "source")
     texts = ["Hello world, the quick brown fox 123!", "  spaces\tand\nnewlines  ", "用 Python 写一个快速排序函数。",
@@ -106,6 +115,7 @@ def test_llama_server_tokenizes_exactly_like_the_hf_tokenizer(tiny: Path, toolch
             assert got == tok.encode(text, add_special_tokens=False), text
 
 
+@pytest.mark.slow
 def test_llama_server_slots_split_ctx_and_cut_requests_off(tiny: Path, toolchain: Path, tmp_path: Path) -> None:
     """-c 1024 --parallel 4 leaves 256 tokens a slot: 128 prompt + 256 wanted stops at 128; a 300-token prompt is refused.
 

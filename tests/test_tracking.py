@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import csv
 import json
 import os
 import re
@@ -14,19 +13,21 @@ from mlflow.tracking import MlflowClient
 
 from bakeoff.versions import dist_version
 
-from conftest import BIN, ROOT, snakemake
+from conftest import BIN, ROOT, Pipeline
+
+pytestmark = pytest.mark.slow  # every test reads the pipeline's MLflow runs
+RUN: list[Pipeline] = []
 
 
 @pytest.fixture(scope="module")
-def tracked() -> dict:
-    """The default target (summary, plots, report pages, DVC metrics, MLflow); a no-op when up to date."""
-    snakemake("--cores", "all")
-    return json.loads((ROOT / "results" / "mlflow" / "runs.json").read_text())
+def tracked(pipeline: Pipeline) -> dict:
+    """The pipeline's MLflow record (rule all logs every cell)."""
+    RUN[:] = [pipeline]
+    return json.loads((pipeline.results / "mlflow" / "runs.json").read_text())
 
 
 def _summary() -> list[dict[str, str]]:
-    with open(ROOT / "results" / "summary.csv", newline="") as f:
-        return list(csv.DictReader(f))
+    return RUN[0].rows()
 
 
 def test_every_cell_is_a_child_run_with_its_metrics(tracked: dict) -> None:
@@ -90,17 +91,17 @@ def test_runs_carry_pinned_versions(tracked: dict) -> None:
                            (row["experiment"], row["engine"], row["format"], row["prompt_len"]))
 
 
-def test_parallel_invocations_do_not_corrupt_the_store(tracked: dict, tmp_path: Path) -> None:
+def test_parallel_invocations_do_not_corrupt_the_store(tracked: dict, pipeline: Pipeline, tmp_path: Path) -> None:
     """Two `bakeoff track` processes at once on one sqlite store: both complete, nothing interleaves."""
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    indexes = sorted(str(p) for p in (ROOT / "results" / "raw").glob("*/*/*/cells.json")
-                     if json.loads((ROOT / "results" / "config.json").read_text()).get(p.parts[-4]) is not None)
-    plots = sorted(str(p) for p in (ROOT / "results" / "plots").glob("*.png"))
+    indexes = sorted(str(p) for p in (pipeline.results / "raw").glob("*/*/*/cells.json")
+                     if json.loads((pipeline.results / "config.json").read_text()).get(p.parts[-4]) is not None)
+    plots = sorted(str(p) for p in (pipeline.results / "plots").glob("*.png"))
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
     procs = [subprocess.Popen([str(BIN / "bakeoff"), "track", *indexes, "--summary", "results/summary.csv",
                                "--config", "results/config.json", "--versions", "results/versions.json",
                                "--plots", *plots, "--uri", uri, "--experiment", "parallel-test",
-                               "--out", str(tmp_path / f"runs{i}.json")], cwd=ROOT, env=env,
+                               "--out", str(tmp_path / f"runs{i}.json")], cwd=pipeline.root, env=env,
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for i in range(2)]
     for p in procs:
         out, _ = p.communicate(timeout=600)

@@ -100,7 +100,10 @@ def _cmd_versions(a: argparse.Namespace) -> None:
     cfg = json.loads(Path(a.config).read_text())
     first = next(iter(cfg.values()))
     tc = (first["config"]["engines"].get("llamacpp") or {}).get("toolchain")
-    v = collect(Path.cwd(), toolchain_manifest=Path(a.toolchain) if a.toolchain else None,
+    from bakeoff.config import find_conf_dir
+
+    # The git state of the workflow's source (the checkout whose conf/ this run composed), wherever results go.
+    v = collect(find_conf_dir().resolve().parent, toolchain_manifest=Path(a.toolchain) if a.toolchain else None,
                 source_manifest=Path(a.model_source) if a.model_source else None,
                 hardware_json=Path(a.hardware_json) if a.hardware_json else None,
                 config_hash=" ".join(p["config_hash"] for p in cfg.values()), toolchain_cfg=tc,
@@ -133,6 +136,19 @@ def _cmd_dvc_params(a: argparse.Namespace) -> None:
     compose_and_dump(Path(a.out), str(conf), None, "config", str(conf.parent), list(a.overrides))
     load_config_file(Path(a.out))  # validate what DVC will run
     print(f"wrote {a.out}")
+
+
+def _cmd_timings(a: argparse.Namespace) -> None:
+    from bakeoff.timings import markdown
+
+    print(markdown(Path(a.bench_dir)))
+
+
+def _cmd_check_baselines(a: argparse.Namespace) -> None:
+    from bakeoff.baselines import check
+
+    for name, b in check(Path(a.summary), Path(a.out)).items():
+        print(f"baseline {name} ({', '.join(b['formats'])}): {b['ok']} of {b['cells']} cells ok", file=sys.stderr)
 
 
 def _cmd_dvc_metrics(a: argparse.Namespace) -> None:
@@ -267,7 +283,7 @@ def _cmd_stage(a: argparse.Namespace) -> None:
         from bakeoff.stages.build_llamacpp_python import build
 
         build(schema.ToolchainCfg.model_validate_json(a.spec), schema.HardwareCfg.model_validate_json(a.hardware),
-              _dir(a.input), out, jobs=a.jobs)
+              _dir(a.input), _dir(a.toolchain), out)
     elif name == "doctor":
         from bakeoff.doctor import run as doctor
 
@@ -378,6 +394,15 @@ def build_parser() -> argparse.ArgumentParser:
     dp.add_argument("overrides", nargs="*", help="Hydra overrides (default: none, the committed default)")
     dp.add_argument("--out", default="params.yaml")
     dp.set_defaults(func=_cmd_dvc_params)
+
+    tm = sub.add_parser("timings", help="where a run spent its time: the rules' benchmark files, by rule (markdown)")
+    tm.add_argument("bench_dir", nargs="?", default="logs/bench")
+    tm.set_defaults(func=_cmd_timings)
+
+    cb = sub.add_parser("check-baselines", help="fail unless every engine's 16-bit variant has an ok cell")
+    cb.add_argument("summary")
+    cb.add_argument("--out", required=True)
+    cb.set_defaults(func=_cmd_check_baselines)
 
     dm = sub.add_parser("dvc-metrics", help="write results/metrics.json (DVC metrics) from the summary")
     dm.add_argument("summary")

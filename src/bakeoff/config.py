@@ -96,9 +96,21 @@ def load_config(overrides: Sequence[str] = (), conf_dir: Path | None = None) -> 
     """Compose and validate; the single entry point for every consumer."""
     raw = compose_raw(overrides, conf_dir)
     try:
-        return Config.model_validate(raw)
+        cfg = Config.model_validate(raw)
     except ValidationError as e:
         raise ConfigError(_format_validation(e)) from None
+    return check_engines(cfg)
+
+
+def check_engines(cfg: Config) -> Config:
+    """Each serving engine's own checks of its settings against the hardware (its plugin knows what fails)."""
+    from bakeoff.engines import get_engine
+
+    for name in cfg.experiment.variants:
+        engine = cfg.engines[name]
+        for problem in get_engine(engine.plugin).config_problems(engine, cfg.hardware):
+            raise ConfigError(f"engines.{name}: {problem}")
+    return cfg
 
 
 def config_hash(cfg: Config) -> str:
@@ -127,6 +139,7 @@ def load_config_file(path: Path) -> Config:
     if not isinstance(raw, dict):
         raise ConfigError(f"composed config {p} must be a mapping, got {type(raw).__name__}")
     try:
-        return Config.model_validate(raw)
+        cfg = Config.model_validate(raw)
     except ValidationError as e:
         raise ConfigError(f"{p}: {_format_validation(e)}") from None
+    return check_engines(cfg)

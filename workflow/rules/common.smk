@@ -174,7 +174,7 @@ def sample_files():
 
 def all_outputs():
     """The single source of `rule all`'s targets."""
-    return [SUMMARY, *sample_files(), *plot_files(), *report_pages(), DVC_METRICS,
+    return [SUMMARY, BASELINES, *sample_files(), *plot_files(), *report_pages(), DVC_METRICS,
             *([TRACKED] if CFG.tracking.enabled else [])]
 
 

@@ -23,3 +23,17 @@ rule summary:
     shell:
         "bakeoff summarize {input.cells} --config-hash {params.config_hash} --points {input.points}"
         " --published {input.published} --hardware {input.hardware} --kernel {input.kernel} --out {output} > {log} 2>&1"
+
+
+# The run fails (after writing the summary) when an engine's 16-bit baseline measured nothing.
+rule check_baselines:
+    input:
+        SUMMARY,
+    output:
+        BASELINES,
+    log:
+        "logs/results/baselines.log",
+    conda:
+        "../../envs/bakeoff.yaml"
+    shell:
+        "bakeoff check-baselines {input} --out {output} 2>&1 | tee {log}"

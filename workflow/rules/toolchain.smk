@@ -34,15 +34,16 @@ rule build_llamacpp:
         " --input {input.src} --out {output} --jobs {threads} > {log} 2>&1"
 
 
+# The scorer's Python binding, on the toolchain's own libllama (no second compile).
 rule build_llamacpp_python:
     input:
         src=lambda w: source_tree_manifest(),
+        toolchain=TOOLCHAIN,
     output:
         PYBINDING,
     params:
         spec=lambda w: TC.model_dump_json(),
         hardware=lambda w: CFG.hardware.model_dump_json(),
-    threads: workflow.cores
     log:
         "logs/build/llamacpp-python/{toolchain}.log",
     benchmark:
@@ -51,4 +52,4 @@ rule build_llamacpp_python:
         LLAMACPP_ENV
     shell:
         "bakeoff stage build-llamacpp-python --spec {params.spec:q} --hardware {params.hardware:q}"
-        " --input {input.src} --out {output} --jobs {threads} > {log} 2>&1"
+        " --input {input.src} --toolchain {input.toolchain} --out {output} > {log} 2>&1"

@@ -87,12 +87,32 @@ def engine_error_line(log_text: str) -> str:
     return lines[-1][:500] if lines else "server exited without output"
 
 
+# A start that failed for want of a resource is a failure of this run, never a property of the hardware.
+RESOURCE_FAILURES = re.compile(r"out of memory|OutOfMemory|Available memory on node|cannot allocate|"
+                               r"address already in use|couldn't bind|failed to bind|No space left", re.I)
+
+
 class Engine(abc.ABC):
     """One running (or startable) inference server."""
 
     name: str = ""
     serves: str = ""  # artifact kind: "hf" or "gguf"
     health_path = "/health"
+    # The engine's own words for "this build or hardware cannot run this format or feature". A start
+    # failure matching one is ``unsupported``; any other is ``failed``.
+    unsupported_patterns: tuple[str, ...] = ()
+
+    @classmethod
+    def config_problems(cls, engine: EngineCfg, hardware: HardwareCfg) -> list[str]:
+        """What in this engine's config cannot work on this hardware (checked before any job starts)."""
+        return []
+
+    @classmethod
+    def start_failure_status(cls, reason: str) -> str:
+        """``unsupported`` only for the engine's known refusals; resource and other failures are ``failed``."""
+        if RESOURCE_FAILURES.search(reason):
+            return "failed"
+        return "unsupported" if any(re.search(p, reason) for p in cls.unsupported_patterns) else "failed"
 
     def __init__(self, spec: ServerSpec) -> None:
         self.spec = spec
@@ -134,6 +154,10 @@ class Engine(abc.ABC):
     def capabilities(self) -> dict[str, Any]:
         """What this engine can serve, for planning and for 'unsupported' rows."""
         return {"serves": self.serves}
+
+    def refusal_before_start(self) -> str | None:
+        """The engine's own refusal of this variant, shown faster than a server start can (None: start it)."""
+        return None
 
     # --- lifecycle, shared ---------------------------------------------------------
     @property

@@ -4,8 +4,9 @@ The evaluation route for GGUF files: llama-server cannot score prompts, and
 llama-cpp-python's own ``llama_cpp.server`` returns misaligned prompt
 logprobs (see bakeoff.quality.gguf_server), so bakeoff serves the same GGUF
 file through a small scoring server on the same binding. The binding is the
-build in ``build/llamacpp-python/<toolchain>/`` (same llama.cpp tree as the
-tools), put on the server's PYTHONPATH.
+install in ``build/llamacpp-python/<toolchain>/``, put on the server's
+PYTHONPATH, and it loads the tools' own ``libllama`` (``LLAMA_CPP_LIB_PATH``):
+the same binary code llama-server runs.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from typing import Any
 from bakeoff.engines.base import Engine, register
 from bakeoff.errors import BakeoffError
 from bakeoff.manifest import read_manifest
-from bakeoff.stages.build_llamacpp_python import SITE
+from bakeoff.stages.build_llamacpp_python import SITE, library_dir
 from bakeoff.stages.convert_gguf import GGUF_NAME
 
 
@@ -51,12 +52,14 @@ class LlamaCppPythonEngine(Engine):
         env = super().env()
         site = str((self.spec.toolchain_dir or "") and self.spec.toolchain_dir / SITE)
         env["PYTHONPATH"] = os.pathsep.join(p for p in (site, env.get("PYTHONPATH", "")) if p)
+        if self.spec.toolchain_dir is not None:
+            env["LLAMA_CPP_LIB_PATH"] = str(library_dir(self.spec.toolchain_dir))
         return env
 
     def versions(self) -> dict[str, str]:
         m = read_manifest(self.spec.toolchain_dir) if self.spec.toolchain_dir else {}
         return {"engine": "llamacpppy", "engine_version": f"llama-cpp-python {m.get('version', '?')}",
-                "llamacpp_commit": m.get("commit", "?")}
+                "llamacpp_commit": m.get("commit", "?"), "libllama_sha256": m.get("libllama_sha256", "?")}
 
     def capabilities(self) -> dict[str, Any]:
         return {"serves": self.serves, "prompt_logprobs": True, "generation": False}

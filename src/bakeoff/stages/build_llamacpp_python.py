@@ -1,13 +1,13 @@
-"""Stage: build llama-cpp-python from the pinned sdist, for evaluating GGUF files.
+"""Stage: install llama-cpp-python's Python package onto the toolchain's own ``libllama``.
 
 llama-server cannot score prompts (it ignores ``echo``), so GGUF variants are
-evaluated through llama-cpp-python's OpenAI-compatible server on the very same
-GGUF file. The binding is built from the same sdist whose vendored tree the
-C++ tools come from, so both read the GGUF identically. It is installed with
-``pip --target`` into a cached artifact, not into the environment: pip's
-default build uses host-native CPU flags, which crash here (SIGILL, AMX
-advertised by cpuid but not enabled by the kernel), so the same ISA flags as the
-tools' build are passed through ``CMAKE_ARGS``.
+scored through the pinned llama-cpp-python binding (bakeoff.quality.gguf_server)
+on the very same GGUF file. The binding is installed from the same sdist whose
+vendored tree the tools are built from, with its own C++ build switched off
+(``-DLLAMA_BUILD=OFF``): at run time it loads the tools' ``lib/libllama.so``
+through its supported override, ``LLAMA_CPP_LIB_PATH``. So llama.cpp is
+compiled once per toolchain, and the scorer and llama-server run the same
+binary code; the manifest records the library's path and sha256.
 """
 
 from __future__ import annotations
@@ -19,41 +19,56 @@ from pathlib import Path
 
 from bakeoff.artifacts import staged_dir
 from bakeoff.errors import ToolchainError
-from bakeoff.manifest import verify, write_manifest
+from bakeoff.manifest import read_manifest, sha256_file, verify, write_manifest
 from bakeoff.schema import HardwareCfg, ToolchainCfg
-from bakeoff.stages.build_llamacpp import backend_tag, cmake_args
+from bakeoff.stages.build_llamacpp import LIBLLAMA, backend_tag
 from bakeoff.stages.fetch_llamacpp import ARCHIVE
 
 SITE = "site"
-# The tools' flags that do not apply to the binding (it builds shared libraries, no tools or web UI).
-_TOOL_ONLY = ("-DBUILD_SHARED_LIBS", "-DLLAMA_BUILD_TOOLS", "-DLLAMA_BUILD_SERVER", "-DLLAMA_BUILD_EXAMPLES",
-              "-DLLAMA_BUILD_TESTS", "-DLLAMA_BUILD_UI")
+BINDING_CMAKE_ARGS = ["-DLLAMA_BUILD=OFF", "-DLLAVA_BUILD=OFF"]  # the Python package only: no C++ compiled here
 
 
-def binding_cmake_args(tc: ToolchainCfg, hw: HardwareCfg) -> list[str]:
-    args = [a for a in cmake_args(tc, hw) if not a.startswith(_TOOL_ONLY)]
-    return [*args, "-DLLAVA_BUILD=OFF", "-DLLAMA_BUILD_SERVER=OFF"]
+def library_dir(binding_dir: Path) -> Path:
+    """The toolchain ``lib/`` this binding loads, checked against the sha256 recorded at install time."""
+    m = read_manifest(binding_dir)
+    lib_dir = (Path(binding_dir) / m["lib_dir"]).resolve()
+    lib = lib_dir / Path(LIBLLAMA).name
+    if not lib.is_file():
+        raise ToolchainError(f"{binding_dir} loads {lib}, which is missing: rebuild the toolchain")
+    if sha256_file(lib) != m["libllama_sha256"]:
+        raise ToolchainError(f"{lib} is not the libllama {binding_dir} was installed against (sha256 differs)")
+    return lib_dir
 
 
-def build(tc: ToolchainCfg, hw: HardwareCfg, source_dir: Path, out_dir: Path, jobs: int | None = None) -> None:
-    """``pip install --no-deps --target`` the verified sdist into ``out_dir/site``."""
+def build(tc: ToolchainCfg, hw: HardwareCfg, source_dir: Path, toolchain_dir: Path, out_dir: Path) -> None:
+    """``pip install --no-deps --target`` the verified sdist's Python package into ``out_dir/site``."""
     src = verify(source_dir)
     if src.get("commit") != tc.commit or src.get("version") != tc.version:
         raise ToolchainError(f"{source_dir} holds {src.get('package')} {src.get('version')} (commit "
                              f"{src.get('commit')}), config pins {tc.version} ({tc.commit})")
-    args = binding_cmake_args(tc, hw)
-    env = {**os.environ, "CMAKE_ARGS": " ".join(args), "CMAKE_BUILD_PARALLEL_LEVEL": str(jobs or os.cpu_count() or 1),
-           "FORCE_CMAKE": "1"}
+    tools = verify(toolchain_dir)
+    if tools.get("commit") != tc.commit:
+        raise ToolchainError(f"{toolchain_dir} was built from commit {tools.get('commit')}, config pins {tc.commit}")
+    lib = Path(toolchain_dir) / LIBLLAMA
+    env = {**os.environ, "CMAKE_ARGS": " ".join(BINDING_CMAKE_ARGS), "FORCE_CMAKE": "1"}
     with staged_dir(out_dir) as stage:
         cmd = [sys.executable, "-m", "pip", "install", "--no-deps", "--no-cache-dir", "--disable-pip-version-check",
                "--target", str(stage / SITE), str(source_dir / ARCHIVE)]
         print("$ CMAKE_ARGS=" + repr(env["CMAKE_ARGS"]) + " " + " ".join(cmd), file=sys.stderr, flush=True)
         proc = subprocess.run(cmd, env=env, stdout=sys.stderr, stderr=subprocess.STDOUT)
         if proc.returncode != 0:
-            raise ToolchainError(f"building {tc.package}=={tc.version} failed ({proc.returncode}); the log says why")
-        check = subprocess.run([sys.executable, "-c", "import llama_cpp, sys; sys.stdout.write(llama_cpp.__version__)"],
-                               env={**os.environ, "PYTHONPATH": str(stage / SITE)}, capture_output=True, text=True)
-        if check.returncode != 0 or check.stdout.strip() != tc.version:
-            raise ToolchainError(f"the built binding does not import as {tc.version}: {check.stderr[-800:]}")
+            raise ToolchainError(f"installing {tc.package}=={tc.version} failed ({proc.returncode}); the log says why")
+        check = subprocess.run(
+            [sys.executable, "-c", "import llama_cpp, sys; sys.stdout.write(llama_cpp.__version__ + ' ' + "
+             "llama_cpp.llama_cpp._lib._name)"],
+            env={**os.environ, "PYTHONPATH": str(stage / SITE), "LLAMA_CPP_LIB_PATH": str(lib.parent)},
+            capture_output=True, text=True)
+        if check.returncode != 0 or check.stdout.split(" ")[0] != tc.version:
+            raise ToolchainError(f"the binding does not import as {tc.version} on {lib}: {check.stderr[-800:]}")
+        loaded = check.stdout.split(" ", 1)[1].strip()
+        if Path(loaded).resolve() != lib.resolve():
+            raise ToolchainError(f"the binding loaded {loaded}, not the toolchain's {lib}")
         write_manifest(stage, kind="llamacpp-python-build", package=tc.package, version=tc.version,
-                       commit=tc.commit, backend=backend_tag(hw), cmake_args=args)
+                       commit=tc.commit, backend=backend_tag(hw), cmake_args=BINDING_CMAKE_ARGS,
+                       lib_dir=os.path.relpath(lib.parent.resolve(), Path(out_dir).resolve()),
+                       libllama_sha256=sha256_file(lib), toolchain_cache_key=tools.get("cache_key"))

@@ -17,9 +17,11 @@ samples are reused like cells, when made with the same settings.
 Outcomes, all of them results rather than crashes:
 
 * ``ok`` / ``degraded`` -- every / some requests succeeded;
-* ``unsupported`` -- the server exited while starting (the engine cannot run
-  this combination); ``reason`` is the engine's own error line;
-* ``failed`` -- the server did not become ready in time, or died mid-cell (the
+* ``unsupported`` -- the server exited while starting with one of the engine's
+  known refusals (``Engine.unsupported_patterns``: this build or hardware cannot
+  run the format); ``reason`` is the engine's own error line;
+* ``failed`` -- any other start failure (a resource such as memory or a port,
+  a bad flag), a server not ready in time, or one that died mid-cell (the
   cell's requests fail with their errors; the server is restarted for the
   remaining cells).
 
@@ -137,7 +139,11 @@ class Session:
 
     def start(self) -> tuple[str, str]:
         """Start and wait; returns ("ok", "") or (status, reason)."""
-        self.engine = get_engine(self.plugin)(self.spec).start()
+        self.engine = get_engine(self.plugin)(self.spec)
+        refusal = self.engine.refusal_before_start()
+        if refusal is not None:
+            return type(self.engine).start_failure_status(refusal), refusal
+        self.engine.start()
         try:
             self.startup_s = self.engine.ready()
             return "ok", ""
@@ -145,7 +151,7 @@ class Session:
             reason = self.engine.failure_reason()
             self.engine.stop()
             if e.returncode is not None:
-                return "unsupported", reason
+                return type(self.engine).start_failure_status(reason), reason
             return "failed", f"not ready within {self.spec.engine.startup_timeout_s:.0f}s: {reason}"
 
     def stop(self) -> None:
