@@ -26,7 +26,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import requests
-from prometheus_client.parser import text_string_to_metric_families
 
 COLUMNS = ["kv_cache_peak_pct", "peak_waiting_requests", "peak_running_requests", "metrics_scrapes",
            "metrics_scrape_errors", "metrics_source"]
@@ -50,6 +49,8 @@ NAMES = {
 
 def gauges(text: str) -> dict[str, float]:
     """Every sample of a Prometheus text page, summed over label sets, by sample name."""
+    from prometheus_client.parser import text_string_to_metric_families  # only where a cell scrapes
+
     out: dict[str, float] = {}
     for fam in text_string_to_metric_families(text):
         for s in fam.samples:
