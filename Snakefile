@@ -19,6 +19,7 @@ min_version("9.0")
 #       cells.json, server.log                the variant's index; its server's log
 #       quality.json, topk.json               its quality scores (lm-eval, canary) and top-k logprobs for KL
 #       samples.json                          its generations of the fixed prompt set
+#   results/kernel/{model}/{format}-fa{fa}.json   llama-bench pp512/tg128 of one GGUF, fa = the server's on|off|auto
 #   results/summary.csv                   one row per cell (every sweep point), quality columns joined per variant
 #   results/baselines.json                each engine's 16-bit variant and its ok cells (the run fails without any)
 #   results/samples/{experiment}/{model}.md   every variant's generations, side by side
@@ -48,6 +49,7 @@ PLOT = "results/plots/{name}.png"
 REPORT_PAGE = "results/report/{page}.html"
 DVC_METRICS = "results/metrics.json"
 TRACKED = "results/mlflow/runs.json"
+KERNEL = "results/kernel/{model}/{format}-fa{fa}.json"
 
 
 include: "workflow/rules/common.smk"
@@ -55,6 +57,8 @@ include: "workflow/rules/doctor.smk"
 include: "workflow/rules/toolchain.smk"
 include: "workflow/rules/models.smk"
 include: "workflow/rules/serve.smk"
+include: "workflow/rules/kernel.smk"
+include: "workflow/rules/node.smk"
 include: "workflow/rules/summary.smk"
 include: "workflow/rules/samples.smk"
 include: "workflow/rules/report.smk"

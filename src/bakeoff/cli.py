@@ -42,6 +42,10 @@ def _cmd_summarize(a: argparse.Namespace) -> None:
 
     records = rows([Path(p) for p in a.indexes], a.config_hash)
     columns = list(COLUMNS)
+    if a.kernel:  # llama-bench beside the served rows (bakeoff.stages.kernel_bench)
+        from bakeoff.stages.kernel_bench import join
+
+        columns += [c for c in join(records, [Path(p) for p in a.kernel]) if c not in columns]
     if a.points:  # sweep axes, roofline and published ratios (bakeoff.summary_extra)
         from bakeoff.summary_extra import extend
 
@@ -50,6 +54,25 @@ def _cmd_summarize(a: argparse.Namespace) -> None:
                                       Path(a.published) if a.published else None, facts)
                     if c not in columns]
     write_csv(Path(a.out), records, columns)
+
+
+def _cmd_node(a: argparse.Namespace) -> None:
+    from bakeoff import node
+
+    if a.action == "pack":
+        if not a.source or not a.wheels:
+            raise BakeoffError("node pack needs --source (the fetch_llamacpp output) and --wheels")
+        out = node.pack(repo=Path(a.repo), source=_dir(a.source), wheels=Path(a.wheels), out=Path(a.out))
+        print(f"bundle in {out}: run `bash {out}/node.sh experiment=...` on the node")
+    elif a.action == "record":
+        paths = node.record(Path(a.tarball), Path(a.out))
+        print("\n".join(str(p) for p in paths.values()))
+    elif a.action == "collect":
+        names = node.collect(Path(a.repo), Path(a.out))
+        print(f"{len(names)} node results in {a.out}")
+    else:
+        names = node.unpack(Path(a.tarball), Path(a.repo))
+        print(f"{len(names)} node results unpacked under {a.repo}; next: snakemake --touch node --config ...")
 
 
 def _cmd_points(a: argparse.Namespace) -> None:
@@ -285,12 +308,17 @@ def _cmd_stage(a: argparse.Namespace) -> None:
             eval_cfg=schema.EvalCfg.model_validate(spec.get("eval", {})),
             eval_toolchain_dir=_dir(a.eval_toolchain) if a.eval_toolchain else None,
             synthetic=spec.get("model_source") == "synthetic")
+    elif name == "llama-bench":
+        from bakeoff.stages.kernel_bench import run as kernel_bench
+
+        kernel_bench(hardware=schema.HardwareCfg.model_validate_json(a.hardware), model_dir=_dir(a.input),
+                     toolchain_dir=_dir(a.toolchain), fa=a.flash_attn, out=Path(a.out))
     else:  # argparse restricts choices; kept for type checkers
         raise BakeoffError(f"unknown stage {name!r}")
 
 
 STAGES = ["doctor", "fetch-llamacpp", "build-llamacpp", "build-llamacpp-python", "fetch-model", "to-fp16", "quantize-fp8",
-          "dequant-fp8", "convert-gguf", "quantize-gguf", "serve-load"]
+          "dequant-fp8", "convert-gguf", "quantize-gguf", "serve-load", "llama-bench"]
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -325,6 +353,7 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--points", help="results/config.json (sweep points, bakeoff.sweep.points_json): adds axis/roofline columns")
     m.add_argument("--published", help="published numbers YAML: adds measured/published ratio columns")
     m.add_argument("--hardware", help="results/hardware.json (the doctor's): predictions, measured CPU bandwidth")
+    m.add_argument("--kernel", nargs="*", default=[], help="llama-bench results (kernel_bench rule): kernel columns")
     m.set_defaults(func=_cmd_summarize)
 
     sm = sub.add_parser("samples", help="write the variants' sample generations side by side (markdown + json)")
@@ -406,6 +435,15 @@ def build_parser() -> argparse.ArgumentParser:
     ld.add_argument("--records", help="write per-request records (JSONL) here")
     ld.set_defaults(func=_cmd_load)
 
+    nd = sub.add_parser("node", help="run the GPU node's share of the DAG elsewhere: pack, collect, unpack")
+    nd.add_argument("action", choices=["pack", "collect", "unpack", "record"])
+    nd.add_argument("tarball", nargs="?", help="unpack, record: the node-results.tgz that came back")
+    nd.add_argument("--repo", default=".", help="the checkout (pack, unpack) or the node's run directory (collect)")
+    nd.add_argument("--source", help="pack: the pinned llama.cpp source (build/llamacpp/src-<commit>)")
+    nd.add_argument("--wheels", help="pack: folder of the wheels the node lacks")
+    nd.add_argument("--out", default="node-bundle", help="pack: bundle folder; collect: tarball to write")
+    nd.set_defaults(func=_cmd_node)
+
     s = sub.add_parser("stage", help="run one pipeline stage (called by the Snakefile)")
     s.add_argument("stage", choices=STAGES)
     s.add_argument("--out", required=True, help="output manifest.json or directory")
@@ -420,6 +458,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--watch-pid", type=int, default=None,
                    help="stop (and stop the server) when this process -- the launching snakemake -- dies")
     s.add_argument("--jobs", type=int, default=None, help="parallel build/quantize threads")
+    s.add_argument("--flash-attn", choices=["on", "off", "auto"], default="auto", help="llama-bench's -fa (the server's)")
     s.set_defaults(func=_cmd_stage)
     return p
 

@@ -51,6 +51,9 @@ def server_env(hw: HardwareCfg, environ: Mapping[str, str]) -> dict[str, str]:
     env = dict(MULTICAST_OFF)
     if hw.backend == "cuda":
         env["CUDA_VISIBLE_DEVICES"] = ",".join(visible_devices(hw, environ))
+        # Number GPUs as NVML and nvidia-smi do (PCI bus order), so a device index means one GPU everywhere
+        # (bakeoff.telemetry maps the server's devices to NVML handles through it).
+        env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
     return env
 
 

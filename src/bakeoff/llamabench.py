@@ -27,8 +27,12 @@ COLUMNS = ["hardware", "test", "flash_attn", "measured_tok_s", "measured_stddev"
 
 def parse(bench_json: Path) -> list[dict[str, Any]]:
     """llama-bench records -> {test: pp512|tg128, flash_attn, tok_s, stddev, model_size, n_params}."""
+    return parse_records(json.loads(Path(bench_json).read_text()))
+
+
+def parse_records(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
     out = []
-    for r in json.loads(Path(bench_json).read_text()):
+    for r in records:
         test = f"pp{r['n_prompt']}" if r["n_gen"] == 0 else f"tg{r['n_gen']}"
         out.append({"test": test, "flash_attn": int(bool(r.get("flash_attn"))), "tok_s": float(r["avg_ts"]),
                     "stddev": float(r["stddev_ts"]), "model_size": int(r["model_size"]),

@@ -129,6 +129,9 @@ class EngineCfg(_Strict):
     # Where quality is scored when this engine cannot score prompts itself (llama-server):
     # another server for the same artifact (llama-cpp-python for GGUF). None: this server.
     eval_server: EngineCfg | None = None
+    # Load settings for this engine's variants only (keys of LoadCfg), e.g. one A/B cell pair at c=32
+    # without re-running the whole matrix; applied by LoadCfg.for_variant.
+    load: dict[str, Any] = {}
 
     @model_validator(mode="after")
     def _bind_safely(self) -> EngineCfg:
@@ -172,6 +175,19 @@ class LoadCfg(_Strict):
     request_rate: PositiveFloat | None = None
     temperature: float = Field(default=0.0, ge=0.0)
     slo_ms: SloCfg = SloCfg()
+    # Fewer requests a cell for slow formats when time is short (e.g. f16 on a timed GPU lease).
+    # Recorded in every affected row's `load_note`, never silent.
+    num_requests_by_format: dict[str, PositiveInt] = {}
+
+    def for_variant(self, engine_load: dict[str, Any], fmt: str) -> tuple[LoadCfg, str]:
+        """This load as one variant runs it, and a note when it runs fewer requests than configured."""
+        load = LoadCfg.model_validate({**self.model_dump(), **engine_load}) if engine_load else self
+        n = load.num_requests_by_format.get(fmt)
+        if n is None or n == load.num_requests:
+            return load, ""
+        note = (f"{fmt}: {n} requests a cell (at least {load.requests_per_concurrency} x concurrency) instead of "
+                f"{load.num_requests}, load.num_requests_by_format")
+        return load.model_copy(update={"num_requests": n}), note
 
 
 class SamplesCfg(_Strict):

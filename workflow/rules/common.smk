@@ -57,6 +57,7 @@ wildcard_constraints:
     experiment=_alt(POINTS),
     engine=_alt(CFG.experiment.variants),
     commit="[0-9a-f]{7,40}",
+    fa="on|off|auto",
     toolchain="[0-9a-f]{7,40}-[a-z0-9]+",
 
 
@@ -175,3 +176,27 @@ def all_outputs():
     """The single source of `rule all`'s targets."""
     return [SUMMARY, BASELINES, *sample_files(), *plot_files(), *report_pages(), DVC_METRICS,
             *([TRACKED] if CFG.tracking.enabled else [])]
+
+
+def kernel_files():
+    """llama-bench results for every llama.cpp variant, at its server's flash-attention setting (deduplicated)."""
+    from bakeoff.stages.kernel_bench import flash_attn_mode
+
+    out = []
+    for p in POINTS.values():
+        for e, f in p.cfg.variants():
+            eng = p.cfg.engines[e]
+            if eng.plugin == "llamacpp":
+                path = KERNEL.format(model=MODEL_NAME, format=f, fa=flash_attn_mode(eng.settings.get("flash_attn")))
+                if path not in out:
+                    out.append(path)
+    return out
+
+
+def node_outputs():
+    """What the GPU node makes: the doctor's record, every variant's cells, the kernel benchmarks.
+
+    Everything downstream of these (summary, samples, plots, pages, MLflow) is bookkeeping for the submit
+    host, which reads them as they come back (bakeoff.node).
+    """
+    return [HARDWARE, *cell_indexes(), *kernel_files()]

@@ -101,7 +101,7 @@ rule quantize_gguf:
         format=_alt(formats_with("gguf_quantize")),
     params:
         spec=format_spec,
-    threads: 2
+    threads: workflow.cores  # Q4_K_M of a 7B model: over 5 minutes on 2 threads
     log:
         "logs/models/{model}/{format}.log",
     benchmark:

@@ -11,6 +11,7 @@ rule summary:
         points=POINTS_FILE,
         hardware=HARDWARE,
         published="data/published_numbers.yaml",
+        kernel=kernel_files(),
     output:
         SUMMARY,
     params:
@@ -21,7 +22,7 @@ rule summary:
         "../../envs/bakeoff.yaml"
     shell:
         "bakeoff summarize {input.cells} --config-hash {params.config_hash} --points {input.points}"
-        " --published {input.published} --hardware {input.hardware} --out {output} > {log} 2>&1"
+        " --published {input.published} --hardware {input.hardware} --kernel {input.kernel} --out {output} > {log} 2>&1"
 
 
 # The run fails (after writing the summary) when an engine's 16-bit baseline measured nothing.

@@ -30,6 +30,14 @@ def payload(model: str, prompt: str, output_len: int, temperature: float = 0.0) 
     }
 
 
+def server_timings(record: RequestRecord, timings: dict[str, Any]) -> None:
+    """Keep the server's per-token generation time and prompt time (llama-server's ``timings``)."""
+    tpot = timings.get("predicted_per_token_ms")
+    prompt = timings.get("prompt_ms")
+    record.server_tpot_ms = float(tpot) if tpot is not None else None
+    record.server_prompt_ms = float(prompt) if prompt is not None else None
+
+
 async def send(
     session: aiohttp.ClientSession,
     url: str,
@@ -67,6 +75,8 @@ async def send(
                     msg = orjson.loads(data)  # parsing every chunk is most of the client's CPU
                     if msg.get("usage"):
                         usage = msg["usage"]
+                    if msg.get("timings"):  # llama-server: its own timing, in the final chunk
+                        server_timings(record, msg["timings"])
                     choices = msg.get("choices") or []
                     text = choices[0].get("text", "") if choices else ""
                     if text:

@@ -22,6 +22,11 @@ comparable with that tool and across engines:
   reported in milliseconds with flat keys such as ``median_ttft_ms``.
 * **Goodput** -- requests per second that meet every configured SLO
   (``{"ttft": ms, "tpot": ms, "e2el": ms}``), as in ``--goodput``.
+* **Server TPOT** -- ``server_median_tpot_ms``: the median over requests of
+  the server's own per-token generation time, where the server reports it
+  (llama-server's ``timings.predicted_per_token_ms`` in the final chunk). It
+  excludes the client, the network and the HTTP stack, so beside the client's
+  TPOT it shows how much of a token's time the serving path adds.
 * **Failed requests** -- counted with their error strings and excluded from
   every latency statistic and from throughput.
 """
@@ -55,6 +60,9 @@ class RequestRecord:
     tokens_from: str = "usage"  # "usage" or "client-tokenizer"
     error: str = ""
     generated_text: str = ""
+    # The server's own timing of this request, where it reports one (llama-server's final-chunk `timings`).
+    server_tpot_ms: float | None = None
+    server_prompt_ms: float | None = None
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -105,6 +113,10 @@ def summarize(records: list[RequestRecord], duration_s: float, slos_ms: dict[str
     }
     for name in STAT_METRICS:
         res.update(_stats(name, per[name]))
+    server_tpot = [r.server_tpot_ms for r in ok if r.server_tpot_ms is not None]
+    server_prompt = [r.server_prompt_ms for r in ok if r.server_prompt_ms is not None]
+    res["server_median_tpot_ms"] = float(np.median(server_tpot)) if server_tpot else None
+    res["server_median_prompt_ms"] = float(np.median(server_prompt)) if server_prompt else None
     if slos_ms:
         good = 0
         for r in ok:

@@ -58,7 +58,15 @@ async def run_cell_async(
     count_tokens: Callable[[str], int] | None = None,
     label: str = "",
     show_progress: bool = True,
+    on_measure_start: Callable[[], None] | None = None,
+    on_measure_end: Callable[[], None] | None = None,
 ) -> CellResult:
+    """Run warm-up, then the measured requests.
+
+    ``on_measure_start``/``on_measure_end`` run right before the first and right
+    after the last measured request (warm-up excluded): per-cell telemetry such
+    as the GPU energy counter is read exactly over the measured window.
+    """
     url = base_url.rstrip("/") + "/v1/completions"
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else None
     # One connection per request: servers differ in keep-alive handling (llama-server drops idle
@@ -85,6 +93,8 @@ async def run_cell_async(
         done_times: list[float] = []
         progress = Progress(TextColumn(f"[bold]{label}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                             disable=not show_progress, transient=False)
+        if on_measure_start is not None:
+            on_measure_start()
         cpu0 = _cpu_seconds()
         with progress:
             task = progress.add_task(label, total=len(prompts))
@@ -105,6 +115,8 @@ async def run_cell_async(
                     tasks.append(asyncio.create_task(one(i)))
                     await asyncio.sleep(float(rng.exponential(1.0 / request_rate)))
                 await asyncio.gather(*tasks)
+        if on_measure_end is not None:
+            on_measure_end()
         cpu = _cpu_seconds() - cpu0
         stop.set()
         await monitor

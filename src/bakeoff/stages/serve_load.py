@@ -42,6 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from bakeoff.artifacts import atomic_write_text
+from bakeoff.cellwindow import MeasuredWindow
 from bakeoff.engines import ServerSpec, get_engine
 from bakeoff.engines.base import Engine
 from bakeoff.errors import BakeoffError
@@ -183,6 +184,7 @@ def _run(*, engine_cfg: EngineCfg, hardware: HardwareCfg, load: LoadCfg, experim
          synthetic: bool) -> dict[str, Any]:
     from transformers import AutoTokenizer
 
+    load, load_note = load.for_variant(engine_cfg.load, fmt)
     check_load_before_start(load, request_context(engine_cfg))
     manifest = verify(model_dir)
     verify(tokenizer_dir)
@@ -195,7 +197,7 @@ def _run(*, engine_cfg: EngineCfg, hardware: HardwareCfg, load: LoadCfg, experim
             "hardware": hardware.name, "output_len": load.output_len, "weight_bytes": manifest.get("weight_bytes"),
             "bits_per_weight": manifest.get("bits_per_weight"), "n_params": manifest.get("n_params"),
             "request_rate": load.request_rate, "engine_settings": engine_cfg.settings,
-            "engine_extra_args": engine_cfg.extra_args}
+            "engine_extra_args": engine_cfg.extra_args, "load_note": load_note}
     # Cells are reused only if made with exactly these settings (a changed setting re-runs them all).
     base["spec_hash"] = hashlib.sha256(json.dumps([base, load.model_dump(mode="json")], sort_keys=True,
                                                   default=str).encode()).hexdigest()[:16]
@@ -360,14 +362,17 @@ def _run_pending(session: Session, pending: list[Cell], base: dict, load: LoadCf
         warm, measured = prompts[:load.warmup_requests], prompts[load.warmup_requests:]
         engine = session.engine
         assert engine is not None
-        with PeakSampler(engine.pid() or os.getpid(), gpu=gpu) as mem:
+        window = MeasuredWindow(engine, gpu=gpu)  # GPU telemetry and server metrics, warm-up excluded
+        with PeakSampler(engine.pid() or os.getpid()) as mem:  # RSS; GPU memory: the window, its own GPUs
             t_cell = time.time()
             res = run_cell(base_url=engine.base_url, model=base["model"], prompts=measured,
                            prompt_len=cell.prompt_len, output_len=load.output_len, concurrency=cell.concurrency,
                            request_rate=load.request_rate, warmup_prompts=warm, temperature=load.temperature,
                            api_key=engine.spec.engine.api_key, seed=seed, count_tokens=count_tokens,
-                           label=f"{base['engine']}-{base['format']} {cell.name}", show_progress=show_progress)
+                           label=f"{base['engine']}-{base['format']} {cell.name}", show_progress=show_progress,
+                           on_measure_start=window.start, on_measure_end=window.stop)
         metrics = summarize(res.records, res.duration_s, slos_ms)
+        telemetry = window.columns(metrics["total_output_tokens"])
         died = not engine.alive()
         if died:
             cell_status, cell_reason = "failed", f"server died mid-cell: {engine.failure_reason()}"
@@ -381,7 +386,7 @@ def _run_pending(session: Session, pending: list[Cell], base: dict, load: LoadCf
         _write_json(out_dir / f"{cell.name}.json",
                     {**_cell_base(base, cell, n, versions, session.startup_s), "status": cell_status,
                      "reason": cell_reason, **metrics, **res.client, "peak_rss_bytes": mem.peak_rss,
-                     "peak_gpu_bytes": mem.peak_gpu, "started_utc": t_cell})
+                     "peak_gpu_bytes": mem.peak_gpu, **telemetry, "started_utc": t_cell})
     return "ok", ""
 
 

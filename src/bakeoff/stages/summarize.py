@@ -17,6 +17,8 @@ from typing import Any
 
 from bakeoff.artifacts import atomic_write_text
 from bakeoff.quality.compare import QUALITY_COLUMNS, quality_columns
+from bakeoff.scrape import COLUMNS as SCRAPE_COLUMNS
+from bakeoff.telemetry import COLUMNS as TELEMETRY_COLUMNS
 
 COLUMNS = [
     "experiment", "model", "engine", "engine_version", "format", "hardware",
@@ -28,7 +30,9 @@ COLUMNS = [
     "mean_ttft_ms", "mean_tpot_ms", "request_goodput",
     "peak_rss_bytes", "peak_gpu_bytes", "weight_bytes", "bits_per_weight", "n_params",
     "startup_s", "client_cpu_s_per_1k_tokens", "client_loop_lag_p99_ms",
-    "engine_settings", "config_hash",
+    "server_median_tpot_ms", "server_median_prompt_ms",
+    *[c for c in TELEMETRY_COLUMNS if c != "peak_gpu_bytes"], *SCRAPE_COLUMNS,
+    "engine_settings", "config_hash", "load_note",
     *QUALITY_COLUMNS,
 ]
 

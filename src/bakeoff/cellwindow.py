@@ -1,0 +1,46 @@
+"""What a load cell records besides the client's view, over exactly its measured window.
+
+One object starts the GPU telemetry (bakeoff.telemetry) and the server-metrics
+scrape (bakeoff.scrape) right before the first measured request and stops them
+right after the last, so warm-up and model load never enter the energy,
+utilization or queue peaks. The serve-load stage wires it to the load runner's
+window hooks and merges :meth:`MeasuredWindow.columns` into the cell's record.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from bakeoff.engines.base import Engine
+from bakeoff.scrape import MetricsScraper
+from bakeoff.telemetry import GpuWindow
+
+
+@dataclass
+class MeasuredWindow:
+    engine: Engine
+    gpu: bool
+    gpu_window: GpuWindow | None = None
+    scraper: MetricsScraper | None = None
+    notes: list[str] = field(default_factory=list)
+
+    def start(self) -> None:
+        spec = self.engine.spec
+        self.scraper = MetricsScraper(self.engine.base_url, spec.engine.plugin, spec.engine.api_key).start()
+        if self.gpu:
+            self.gpu_window = GpuWindow(self.engine.env()).start()  # the server's own GPUs, as it was started
+
+    def stop(self) -> None:
+        if self.gpu_window is not None:
+            self.gpu_window.stop()
+        if self.scraper is not None:
+            self.scraper.stop()
+
+    def columns(self, output_tokens: int | None) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        if self.scraper is not None:
+            out.update(self.scraper.columns())
+        if self.gpu_window is not None:
+            out.update(self.gpu_window.columns(output_tokens))
+        return out

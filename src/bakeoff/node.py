@@ -1,0 +1,257 @@
+"""The GPU node's share of the DAG, run by Snakemake on the node, with bookkeeping on the submit host.
+
+Why: on a cluster the GPU jobs (doctor, CUDA build, quantize, serve_load,
+kernel_bench) run on a GPU node and everything after them (summary, report,
+plots, MLflow) on the submit host. Where the node shares no filesystem with
+the submit host -- the lent H200, which can receive one bundle of at most
+64 MiB per call and return a few files -- this module moves the work across:
+
+1. ``bakeoff node pack`` (submit host) bundles the checkout's files, the
+   Python wheels the node lacks (Snakemake and bakeoff's core dependencies),
+   the pinned llama.cpp source tree made by the ``fetch_llamacpp`` rule (a
+   local rule: the node has no network), and ``node.sh``.
+2. ``bash <bundle>/node.sh <snakemake --config entries>`` (GPU node) runs
+   ``snakemake node``: bakeoff's own rules, unchanged, up to the ``node``
+   target (rules/node.smk), then ``bakeoff node collect`` tars every
+   node-made result (cells, per-request records, server logs, kernel
+   benchmarks, the doctor's record, manifests, Snakemake's logs) into the
+   returned folder. A second call on a still-warm node continues where the
+   first stopped (Snakemake is incremental; serve_load skips finished cells).
+3. ``bakeoff node unpack <tarball>`` (submit host) puts those files where
+   the DAG expects them; ``snakemake --touch node`` records them as made, and
+   the plain ``snakemake`` builds summary, report, plots and MLflow runs.
+
+The source tree travels trimmed (the pinned sdist is 77 MB; the bundle limit
+is 64 MiB): directories no build target reads (other backends, docs, tests,
+examples, vocab GGUFs) are left out, and the trimmed tree gets its own
+manifest recording every kept file, the excluded patterns and the sdist's
+sha256, so the node's build verifies exactly what it compiles.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import io
+import json
+import shutil
+import subprocess
+import tarfile
+import time
+from pathlib import Path
+
+from bakeoff.errors import BakeoffError
+from bakeoff.manifest import read_manifest, verify, write_manifest
+
+# Parts of the llama.cpp tree no target of bakeoff's builds reads (paths relative to llama.cpp/).
+TRIM = ["models/*", "docs/*", "benches/*", "tests/*", "examples/*", "media/*", "ci/*",
+        "ggml/src/ggml-vulkan/*", "ggml/src/ggml-sycl/*", "ggml/src/ggml-cann/*", "ggml/src/ggml-musa/*",
+        "ggml/src/ggml-opencl/*", "ggml/src/ggml-webgpu/*", "ggml/src/ggml-hexagon/*", "ggml/src/ggml-zdnn/*",
+        "*.gguf"]
+# What comes back from the node: results the node makes, the manifests of what it built, and the logs.
+COLLECT = ["results/hardware.json", "results/raw/**", "results/kernel/**", "logs/**", "models/*/*/manifest.json",
+           "build/llamacpp/*-cuda*/manifest.json", "node.json"]
+OLD_MTIME = 946684800  # 2000-01-01: the carried source tree predates everything the node builds from it
+
+NODE_SH = r"""#!/bin/bash
+# On the GPU node, from any directory: bash <bundle>/node.sh <snakemake --config entries...>
+# Runs `snakemake node` (bakeoff's own rules) in $BAKEOFF_NODE_DIR and tars the results into $OUT.
+set -u
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
+B=$(cd "$(dirname "$0")" && pwd)
+W=${BAKEOFF_NODE_DIR:-/tmp/bakeoff-node}
+SITE=${BAKEOFF_NODE_SITE:-/tmp/bakeoff-site}
+OUT=${OUT:-$W/out}
+mkdir -p "$W" "$SITE/bin" "$OUT"
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" "$B"/whl/*.whl \
+  > "$OUT/pip.log" 2>&1 || { cat "$OUT/pip.log"; exit 3; }
+tar xzf "$B/repo.tgz" -C "$W"
+export PYTHONPATH="$W/src:$SITE" PATH="$SITE/bin:$PATH"
+printf '#!/bin/sh\nexec python3 -m bakeoff.cli "$@"\n' > "$SITE/bin/bakeoff" && chmod +x "$SITE/bin/bakeoff"
+cd "$W"
+nvidia-smi > "$OUT/nvidia-smi.txt" 2>&1
+timeout -k 30 "${BAKEOFF_NODE_TIMEOUT_S:-540}" python3 -m snakemake --cores all --scheduler greedy --rerun-incomplete \
+  --keep-going --printshellcmds node --config "$@" > "$OUT/snakemake.log" 2>&1
+rc=$?
+echo "snakemake rc=$rc" >> "$OUT/snakemake.log"
+python3 -m bakeoff.cli node collect --out "$OUT/node-results.tgz" >> "$OUT/snakemake.log" 2>&1
+tail -n 40 "$OUT/snakemake.log"
+exit $rc
+"""
+
+
+def _git(repo: Path, *args: str) -> str:
+    return subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True, check=True).stdout
+
+
+def checkout_files(repo: Path) -> list[str]:
+    """Tracked and untracked-but-not-ignored files: what a fresh clone plus local edits holds."""
+    names = _git(repo, "ls-files", "-co", "--exclude-standard", "-z").split("\0")
+    return sorted(n for n in names if n and (repo / n).is_file())
+
+
+def _trimmed(rel: str) -> bool:
+    return any(fnmatch.fnmatch(rel, pat) for pat in TRIM)
+
+
+def trim_source(src_dir: Path, dest: Path) -> dict:
+    """Copy the fetched llama.cpp tree minus :data:`TRIM` into ``dest`` and write its manifest."""
+    src = verify(src_dir)
+    tree = src_dir / "llama.cpp"
+    if dest.exists():
+        shutil.rmtree(dest)
+    (dest / "llama.cpp").mkdir(parents=True)
+    for p in sorted(tree.rglob("*")):
+        rel = p.relative_to(tree).as_posix()
+        if p.is_file() and not p.is_symlink() and not _trimmed(rel):
+            out = dest / "llama.cpp" / rel
+            out.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(p, out)
+    archive = next((f for f in src["files"] if f["path"].endswith(".tar.gz")), {})
+    return write_manifest(dest, kind="llamacpp-source", package=src.get("package"), version=src.get("version"),
+                          commit=src.get("commit"), trimmed_from_sha256=archive.get("sha256"), trimmed=TRIM)
+
+
+def pack(*, repo: Path, source: Path, wheels: Path, out: Path) -> Path:
+    """Write the bundle the node runs from: repo.tgz (checkout + trimmed source), whl/, node.sh."""
+    src_manifest = read_manifest(source)
+    rel_source = source.resolve().relative_to(repo.resolve()) if source.is_absolute() else source
+    out.mkdir(parents=True, exist_ok=True)
+    staging = out / ".trimmed"
+    trim_source(repo / rel_source if not source.is_absolute() else source, staging)
+    files = checkout_files(repo)
+    info = {"git_sha": _git(repo, "rev-parse", "HEAD").strip(), "git_dirty": bool(_git(repo, "status", "--porcelain").strip()),
+            "packed_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "source_commit": src_manifest.get("commit")}
+    with tarfile.open(out / "repo.tgz", "w:gz") as tar:
+        for name in files:
+            tar.add(repo / name, arcname=name)
+        for p in sorted(staging.rglob("*")):
+            ti = tar.gettarinfo(str(p), arcname=str(rel_source / p.relative_to(staging)))
+            ti.mtime = OLD_MTIME
+            if p.is_file():
+                with open(p, "rb") as f:
+                    tar.addfile(ti, f)
+            else:
+                tar.addfile(ti)
+        data = (json.dumps(info, indent=2) + "\n").encode()
+        ti = tarfile.TarInfo("node.json")
+        ti.size, ti.mtime = len(data), int(time.time())
+        tar.addfile(ti, io.BytesIO(data))
+    shutil.rmtree(staging)
+    whl = out / "whl"
+    if whl.resolve() != wheels.resolve():
+        shutil.rmtree(whl, ignore_errors=True)
+        shutil.copytree(wheels, whl)
+    (out / "node.sh").write_text(NODE_SH)
+    return out
+
+
+def _collected(rel: str) -> bool:
+    return any(fnmatch.fnmatch(rel, pat) for pat in COLLECT)
+
+
+def collect(root: Path, out: Path) -> list[str]:
+    """Tar what the node made (:data:`COLLECT`) into ``out``, keeping mtimes; returns the names."""
+    names = []
+    with tarfile.open(out, "w:gz") as tar:
+        for p in sorted(root.rglob("*")):
+            rel = p.relative_to(root).as_posix()
+            if p.is_file() and not p.is_symlink() and _collected(rel) and not rel.startswith(".snakemake"):
+                tar.add(p, arcname=rel)
+                names.append(rel)
+    return names
+
+
+def unpack(tarball: Path, root: Path) -> list[str]:
+    """Extract node results under ``root`` (only :data:`COLLECT` paths), keeping the node's mtimes."""
+    names = []
+    with tarfile.open(tarball) as tar:
+        members = []
+        for m in tar.getmembers():
+            if m.isdir():
+                continue
+            if not m.isfile() or m.name.startswith("/") or ".." in Path(m.name).parts or not _collected(m.name):
+                raise BakeoffError(f"{tarball}: {m.name!r} is not a node result path")
+            members.append(m)
+            names.append(m.name)
+        tar.extractall(root, members=members, filter="data")
+    return names
+
+
+CELL_COLUMNS = ["engine", "format", "concurrency", "prompt_len", "requests", "completed", "status", "load_note",
+                "output_throughput", "median_ttft_ms", "median_tpot_ms", "server_median_tpot_ms", "energy_j",
+                "joules_per_output_token", "avg_power_w", "gpu_util_pct", "peak_gpu_bytes", "kv_cache_peak_pct",
+                "peak_waiting_requests", "peak_running_requests", "energy_source", "weight_bytes", "engine_settings",
+                "spec_hash", "started_utc"]
+
+
+def _csv(path: Path, rows: list[dict], columns: list[str]) -> None:
+    import csv
+
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=columns, extrasaction="ignore")
+        w.writeheader()
+        for r in rows:
+            w.writerow({k: json.dumps(v, sort_keys=True) if isinstance(v, (dict, list)) else v for k, v in r.items()})
+
+
+def record(tarball: Path, out: Path, log_lines: int = 3) -> dict[str, Path]:
+    """Derive a run record from a node's results tarball: every cell, every kernel benchmark, log ends.
+
+    Reads only what the node wrote, so a committed record holds nothing typed by hand: ``cells.csv``
+    (every cell JSON, whichever invocation made it), ``kernel.csv`` (llama-bench), ``server-log-ends.txt``
+    (each server log's first and last lines), the doctor's ``hardware.json`` and the build's manifest.
+    """
+    import tempfile
+
+    out.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        unpack(tarball, root)
+        cells = [json.loads(p.read_text()) for p in sorted(root.glob("results/raw/*/*/*/c[0-9]*-p*.json"))]
+        _csv(out / "cells.csv", cells, CELL_COLUMNS)
+        kernels = []
+        for p in sorted(root.glob("results/kernel/*/*.json")):
+            k = json.loads(p.read_text())
+            kernels.append({"format": k["format"], "flash_attn": k["flash_attn"], "tg128_tok_s": k["tg_tok_s"],
+                            "tg128_stddev": k["tg_stddev"], "pp512_tok_s": k["pp_tok_s"], "pp512_stddev": k["pp_stddev"],
+                            "command": " ".join(Path(c).name if i == 0 else c for i, c in enumerate(k["command"]))})
+        _csv(out / "kernel.csv", kernels, ["format", "flash_attn", "tg128_tok_s", "tg128_stddev", "pp512_tok_s",
+                                           "pp512_stddev", "command"])
+        ends = []
+        for p in sorted(root.glob("results/raw/*/*/*/server.log")):
+            lines = p.read_text(errors="replace").splitlines()
+            ends += [f"== {p.relative_to(root / 'results/raw')} ({len(lines)} lines)", *lines[:log_lines], "...",
+                     *lines[-log_lines:], ""]
+        (out / "server-log-ends.txt").write_text("\n".join(ends))
+        shutil.copy2(root / "results/hardware.json", out / "hardware.json")
+        for m in root.glob("build/llamacpp/*-cuda*/manifest.json"):
+            shutil.copy2(m, out / "build-manifest.json")
+        bandwidth = json.loads((root / "results/hardware.json").read_text())["hardware_config"]["mem_bandwidth_gbs"]
+        (out / "table.md").write_text(format_table(cells, kernels, bandwidth))
+    return {n: out / n for n in ("cells.csv", "kernel.csv", "server-log-ends.txt", "hardware.json", "table.md")}
+
+
+def format_table(cells: list[dict], kernels: list[dict], bandwidth_gbs: float) -> str:
+    """Per format: served c=1 tok/s (prompt 128), llama-bench tg128, the decode roofline, J/token."""
+    from bakeoff.roofline import decode_ceiling
+
+    tg = {k["format"]: k["tg128_tok_s"] for k in kernels}
+    lines = ["| format | requests (c=1) | served tok/s (c=1, p128) | kernel tg128 tok/s | roofline tok/s "
+             f"({bandwidth_gbs:g} GB/s) | served / kernel | kernel / roofline | J/token c=1 | J/token c=8 | J/token c=32 |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for fmt in dict.fromkeys(c["format"] for c in cells):
+        by_c = {int(c["concurrency"]): c for c in cells if c["format"] == fmt and int(c["prompt_len"]) == 128
+                and c.get("status") == "ok"}
+        one = by_c.get(1, {})
+        roof = decode_ceiling(bandwidth_gbs, one.get("weight_bytes") or next(
+            c["weight_bytes"] for c in cells if c["format"] == fmt))
+        served, kern = one.get("output_throughput"), tg.get(fmt)
+
+        def num(v: float | None, f: str = ".1f") -> str:
+            return format(v, f) if v is not None else "not run"
+
+        jt = [num(by_c.get(c, {}).get("joules_per_output_token"), ".2f") for c in (1, 8, 32)]
+        lines.append(f"| {fmt} | {one.get('requests', 'not run')} | {num(served)} | {num(kern)} | {roof:.1f} | "
+                     f"{num(served / kern if served and kern else None, '.2f')} | "
+                     f"{num(kern / roof if kern else None, '.2f')} | {' | '.join(jt)} |")
+    return "\n".join(lines) + "\n"

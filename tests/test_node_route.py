@@ -1,0 +1,125 @@
+"""The node route: pack a checkout for a GPU node, collect what the node made, unpack it here.
+
+Fast: no build, no server. The source tree below is hand-written (three files standing in for
+llama.cpp) and run through the fetch stage's manifest format.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import tarfile
+from pathlib import Path
+
+import pytest
+
+from bakeoff.errors import BakeoffError
+from bakeoff.manifest import verify, write_manifest
+from bakeoff.node import COLLECT, NODE_SH, collect, pack, unpack
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture
+def fetched(tmp_path: Path) -> Path:
+    """A hand-written stand-in for build/llamacpp/src-<commit> (archive + extracted tree + manifest)."""
+    src = tmp_path / "repo" / "build" / "llamacpp" / "src-0c1e57098"
+    (src / "llama.cpp" / "ggml" / "src" / "ggml-cuda").mkdir(parents=True)
+    (src / "llama.cpp" / "docs").mkdir()
+    (src / "llama.cpp" / "CMakeLists.txt").write_text("project(llama)\n")
+    (src / "llama.cpp" / "ggml" / "src" / "ggml-cuda" / "fattn.cu").write_text("// kernels\n")
+    (src / "llama.cpp" / "docs" / "build.md").write_text("# docs\n")
+    (src / "source.tar.gz").write_bytes(b"sdist")
+    write_manifest(src, only=["source.tar.gz"], kind="llamacpp-source", package="llama-cpp-python",
+                   version="0.3.36", commit="0c1e57098")
+    return src
+
+
+def _repo(root: Path) -> Path:
+    subprocess.run(["git", "init", "-q", str(root)], check=True)
+    (root / "Snakefile").write_text("# wiring\n")
+    (root / ".gitignore").write_text("/build/\n")
+    (root / "notes.txt").write_text("untracked, not ignored: travels\n")
+    subprocess.run(["git", "-C", str(root), "add", "Snakefile", ".gitignore"], check=True)
+    subprocess.run(["git", "-C", str(root), "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "x"], check=True)
+    return root
+
+
+def test_pack_bundles_checkout_trimmed_source_and_wheels(fetched: Path, tmp_path: Path):
+    repo = _repo(tmp_path / "repo")
+    wheels = tmp_path / "wheels"
+    wheels.mkdir()
+    (wheels / "x-1.0-py3-none-any.whl").write_bytes(b"whl")
+    out = pack(repo=repo, source=Path("build/llamacpp/src-0c1e57098"), wheels=wheels, out=tmp_path / "bundle")
+    assert (out / "node.sh").read_text() == NODE_SH and (out / "whl" / "x-1.0-py3-none-any.whl").exists()
+    dest = tmp_path / "node"
+    with tarfile.open(out / "repo.tgz") as tar:
+        names = set(tar.getnames())
+        tar.extractall(dest, filter="data")
+    assert {"Snakefile", "notes.txt", ".gitignore", "node.json"} <= names
+    tree = dest / "build/llamacpp/src-0c1e57098"
+    assert (tree / "llama.cpp/ggml/src/ggml-cuda/fattn.cu").exists()
+    assert not (tree / "llama.cpp/docs").exists()  # trimmed
+    m = verify(tree)  # the node's build stage verifies exactly what it compiles
+    assert m["commit"] == "0c1e57098" and m["trimmed_from_sha256"] and "docs/*" in m["trimmed"]
+    assert {f["path"] for f in m["files"]} == {"llama.cpp/CMakeLists.txt", "llama.cpp/ggml/src/ggml-cuda/fattn.cu"}
+    # the carried tree predates whatever the node builds from it
+    assert (tree / "manifest.json").stat().st_mtime < 10**9
+    info = json.loads((dest / "node.json").read_text())
+    assert len(info["git_sha"]) == 40 and info["git_dirty"] is True
+
+
+def test_collect_then_unpack_round_trip_keeps_only_node_results(tmp_path: Path):
+    node = tmp_path / "node"
+    cells = node / "results/raw/h200_llamacpp/m/llamacpp-f16"
+    cells.mkdir(parents=True)
+    (cells / "cells.json").write_text("{}")
+    (cells / "server.log").write_text("log\n")
+    (node / "models/m/f16").mkdir(parents=True)
+    (node / "models/m/f16/manifest.json").write_text("{}")
+    (node / "models/m/f16/model.gguf").write_bytes(b"weights stay on the node")
+    (node / "results/kernel/m").mkdir(parents=True)
+    (node / "results/kernel/m/f16-faon.json").write_text("{}")
+    names = collect(node, tmp_path / "out.tgz")
+    assert "models/m/f16/model.gguf" not in names
+    assert {"results/raw/h200_llamacpp/m/llamacpp-f16/cells.json", "models/m/f16/manifest.json",
+            "results/kernel/m/f16-faon.json"} <= set(names)
+    here = tmp_path / "here"
+    assert sorted(unpack(tmp_path / "out.tgz", here)) == sorted(names)
+    assert (here / "results/raw/h200_llamacpp/m/llamacpp-f16/server.log").read_text() == "log\n"
+
+
+def test_unpack_refuses_paths_outside_node_results(tmp_path: Path):
+    bad = tmp_path / "bad.tgz"
+    (tmp_path / "Snakefile").write_text("overwritten?\n")
+    with tarfile.open(bad, "w:gz") as tar:
+        tar.add(tmp_path / "Snakefile", arcname="Snakefile")
+    with pytest.raises(BakeoffError, match="not a node result path"):
+        unpack(bad, tmp_path / "here")
+    assert "Snakefile" not in COLLECT
+
+
+def test_node_target_plans_only_node_jobs():
+    """`snakemake node` on the H200 config: doctor, build, models, serving, kernel benchmarks; no bookkeeping."""
+    import os
+    import sys
+
+    bin_dir = Path(sys.executable).parent
+    env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}"}
+    proc = subprocess.run([str(bin_dir / "snakemake"), "-n", "--forceall", "node", "--config", "experiment=h200_llamacpp"],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    jobs = {line.split()[0] for line in proc.stdout.split("Job stats:")[1].split("total")[0].splitlines()[3:]
+            if line.strip()}
+    assert {"doctor", "build_llamacpp", "serve_load", "kernel_bench", "quantize_gguf"} <= jobs
+    assert not jobs & {"summary", "track", "plots", "pages", "samples"}
+
+
+def test_record_of_the_h200_run_derives_its_committed_tables(tmp_path: Path):
+    """The committed run record is what `bakeoff node record` derives from the committed tarball."""
+    from bakeoff.node import record
+
+    run = ROOT / "runs/h200-llamacpp/matrix-2026-12-03"
+    paths = record(run / "node-results.tgz", tmp_path)
+    for name in ("cells.csv", "kernel.csv", "table.md", "server-log-ends.txt", "hardware.json"):
+        assert paths[name].read_text() == (run / name).read_text(), name

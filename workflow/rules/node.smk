@@ -1,0 +1,7 @@
+# The GPU node's share of the DAG, as one target: `snakemake --cores all node` on the node (bakeoff.node
+# packs this checkout for it and unpacks what comes back); the submit host's `snakemake` does the rest.
+
+
+rule node:
+    input:
+        node_outputs(),
