@@ -89,29 +89,22 @@ def test_server_tpot_agrees_with_client_tpot_at_c1(server, tiny_model: Path):
     assert abs(own - client) / client < 0.03, (own, client)
 
 
-@pytest.mark.parametrize("server", [1], indirect=True)
-def test_requests_wait_when_slots_are_fewer_than_concurrency(server, tiny_model: Path):
+@pytest.mark.parametrize(("server", "running"), [(1, 1), (4, 3)], indirect=["server"])
+def test_requests_wait_only_when_slots_are_fewer_than_concurrency(server, tiny_model: Path, running: int):
+    """3 concurrent requests: with 1 slot two are deferred; with 4 slots none waits."""
     tokenizer = AutoTokenizer.from_pretrained(tiny_model)
     scraper = MetricsScraper(server.base_url, "llamacpp", interval_s=0.05)
     _, m = _cell(server, tokenizer, concurrency=3, n=6, output_len=96, scraper=scraper)
     cols = scraper.columns()
     assert m["completed"] == 6 and cols["metrics_scrapes"] > 3
-    assert cols["peak_waiting_requests"] > 0  # 3 requests, 1 slot: two deferred
-    assert cols["peak_running_requests"] == 1
-    assert 0 < cols["kv_cache_peak_pct"] <= 100
-
-
-@pytest.mark.parametrize("server", [4], indirect=True)
-def test_no_request_waits_when_slots_cover_concurrency(server, tiny_model: Path):
-    tokenizer = AutoTokenizer.from_pretrained(tiny_model)
-    scraper = MetricsScraper(server.base_url, "llamacpp", interval_s=0.05)
-    _, m = _cell(server, tokenizer, concurrency=3, n=6, output_len=96, scraper=scraper)
-    cols = scraper.columns()
-    assert m["completed"] == 6 and cols["metrics_scrapes"] > 3
-    assert cols["peak_waiting_requests"] == 0
-    assert cols["peak_running_requests"] == 3
-    # 3 busy slots of 1024 tokens hold at most 3 x (32 + 96) tokens of the 4 x 1024
-    assert 0 < cols["kv_cache_peak_pct"] <= 100 * 3 * (32 + 96) / 4096 + 1e-9
+    assert cols["peak_running_requests"] == running
+    if running < 3:
+        assert cols["peak_waiting_requests"] > 0
+        assert 0 < cols["kv_cache_peak_pct"] <= 100
+    else:
+        assert cols["peak_waiting_requests"] == 0
+        # 3 busy slots of 1024 tokens hold at most 3 x (32 + 96) tokens of the 4 x 1024
+        assert 0 < cols["kv_cache_peak_pct"] <= 100 * 3 * (32 + 96) / 4096 + 1e-9
 
 
 def test_llama_bench_stage_records_pp_and_tg(cpu_toolchain: Path, tiny_model: Path, tmp_path: Path):

@@ -100,6 +100,18 @@ class VllmEngine(Engine):
                 "-v", f"{self.spec.model_dir.resolve()}:{CONTAINER_MODEL_DIR}:ro", image,
                 "--host", "0.0.0.0", "--port", "8000", *self.server_args(CONTAINER_MODEL_DIR)]
 
+    def env(self) -> dict[str, str]:
+        """On a CPU, every core to the worker, as llama-server has them.
+
+        vLLM's CPU build keeps one core for its frontend by default; on a 2-core node that halves its
+        compute (measured here: an 80-token scoring request 1.58 s with one core, 0.84 s with both).
+        An explicit ``VLLM_CPU_NUM_OF_RESERVED_CPU`` in the environment wins.
+        """
+        env = super().env()
+        if self.container_image is None and self.spec.hardware.backend == "cpu":
+            env.setdefault("VLLM_CPU_NUM_OF_RESERVED_CPU", "0")
+        return env
+
     def versions(self) -> dict[str, str]:
         if self.container_image:
             return {"engine": "vllm", "engine_version": self.container_image.rsplit(":", 1)[-1],
