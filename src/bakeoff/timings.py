@@ -14,11 +14,11 @@ from pathlib import Path
 # The first path component under logs/bench/ that names each rule's outputs (the Snakefile's grammar).
 RULE_OF = {"build/llamacpp": "build_llamacpp", "build/llamacpp-python": "build_llamacpp_python",
            "models": "model preparation", "results/raw": "serve_load", "results/plots": "plots",
-           "results/mlflow": "track"}
+           "results/mlflow": "track", "results/kernel": "kernel_bench"}
 
 
 def _rule(rel: Path) -> str:
-    parts = rel.parts
+    parts = rel.with_suffix("").parts
     for n in (2, 1):
         key = "/".join(parts[:n])
         if key in RULE_OF:
