@@ -65,3 +65,15 @@ def test_pipeline_summary_has_efficiency_for_every_ok_cell(pipeline: Pipeline) -
         assert bw == pytest.approx(measured, rel=1e-4)
         expect = 100 * (1000 / float(r["median_tpot_ms"])) / (bw * 1e9 / float(r["weight_bytes"]))
         assert float(r["decode_efficiency_pct"]) == pytest.approx(expect, rel=1e-4), r
+
+
+def test_served_weight_bytes_follow_the_dtype_the_engine_computes_in() -> None:
+    from bakeoff.engines import get_engine
+
+    vllm, llama = get_engine("vllm"), get_engine("llamacpp")
+    fp16 = {"weight_bytes": 1000, "bits_per_weight": 16.0}
+    fp8 = {"weight_bytes": 560, "bits_per_weight": 8.9}
+    assert vllm.served_weight_bytes(fp16, {"dtype": "float32"}) == 2000
+    assert vllm.served_weight_bytes(fp16, {"dtype": "bfloat16"}) == 1000
+    assert vllm.served_weight_bytes(fp8, {"dtype": "float32"}) == 560  # quantized weights stay quantized
+    assert llama.served_weight_bytes(fp16, {}) == 1000

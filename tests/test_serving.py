@@ -59,7 +59,9 @@ def test_every_other_cell_ran_and_measured(summary: list[dict]) -> None:
         assert 0 < float(r["median_ttft_ms"]) <= float(r["p99_ttft_ms"])
         assert float(r["median_tpot_ms"]) > 0 and float(r["median_e2el_ms"]) > float(r["median_ttft_ms"])
         assert int(r["peak_rss_bytes"]) > 0
-        assert int(r["weight_bytes"]) == read_manifest(ROOT / "models" / r["model"] / r["format"])["weight_bytes"]
+        # ci serves vLLM's 16-bit checkpoints in float32 (4 bytes a weight); llama.cpp reads the GGUF as stored.
+        stored = read_manifest(ROOT / "models" / r["model"] / r["format"])["weight_bytes"]
+        assert int(r["weight_bytes"]) == stored * (2 if r["engine"] == "vllm" else 1)
         assert r["engine_version"] in ("0.32.0", "llama.cpp@0c1e57098")
 
 

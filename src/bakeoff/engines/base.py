@@ -17,6 +17,7 @@ import abc
 import ipaddress
 import os
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -154,6 +155,11 @@ class Engine(abc.ABC):
     def capabilities(self) -> dict[str, Any]:
         """What this engine can serve, for planning and for 'unsupported' rows."""
         return {"serves": self.serves}
+
+    @classmethod
+    def served_weight_bytes(cls, manifest: Mapping[str, Any], settings: Mapping[str, Any]) -> int | None:
+        """Weight bytes the engine reads per decoded token: the checkpoint's, unless it upcasts them."""
+        return manifest.get("weight_bytes")
 
     def refusal_before_start(self) -> str | None:
         """The engine's own refusal of this variant, shown faster than a server start can (None: start it)."""

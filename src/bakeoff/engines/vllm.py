@@ -13,6 +13,7 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -75,6 +76,14 @@ class VllmEngine(Engine):
             return ["on a CPU, vLLM sizes its KV cache from gpu_memory_utilization x the NUMA node's momentary "
                     "total memory, which varies between starts; set settings.kv_cache_memory_bytes (e.g. 1G)"]
         return []
+
+    @classmethod
+    def served_weight_bytes(cls, manifest: Mapping[str, Any], settings: Mapping[str, Any]) -> int | None:
+        """A 16-bit checkpoint served with ``dtype: float32`` is held (and read) at 4 bytes a weight."""
+        w = manifest.get("weight_bytes")
+        if w and settings.get("dtype") in ("float32", "float") and (manifest.get("bits_per_weight") or 0) >= 15.5:
+            return int(w * 32 // 16)
+        return w
 
     @property
     def container_image(self) -> str | None:

@@ -194,7 +194,8 @@ def _run(*, engine_cfg: EngineCfg, hardware: HardwareCfg, load: LoadCfg, experim
                       log_path=out_dir / "server.log", toolchain_dir=toolchain_dir)
     session = Session(spec, engine_cfg.plugin)
     base = {"experiment": experiment, "model": model, "engine": engine_name, "format": fmt,
-            "hardware": hardware.name, "output_len": load.output_len, "weight_bytes": manifest.get("weight_bytes"),
+            "hardware": hardware.name, "output_len": load.output_len,
+            "weight_bytes": get_engine(engine_cfg.plugin).served_weight_bytes(manifest, engine_cfg.settings),
             "bits_per_weight": manifest.get("bits_per_weight"), "n_params": manifest.get("n_params"),
             "request_rate": load.request_rate, "engine_settings": engine_cfg.settings,
             "engine_extra_args": engine_cfg.extra_args, "load_note": load_note}
