@@ -13,11 +13,11 @@ from transformers import AutoTokenizer
 
 from bakeoff.config import load_config
 from bakeoff.engines import ServerSpec, get_engine
+from bakeoff.engines.toolchain import library_dir
 from bakeoff.proc import ManagedProcess, free_port
 from bakeoff.quality import canary
 from bakeoff.quality.localdata import documents, mc_items
 from bakeoff.quality.topk import kl_position, mean_kl
-from bakeoff.stages.build_llamacpp_python import library_dir
 
 from conftest import MODEL, ROOT, Pipeline
 

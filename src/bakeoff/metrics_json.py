@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from bakeoff.artifacts import atomic_write_text
+from bakeoff.layout import row_cell_name, variant_name
 
 HEADLINE = ["output_throughput", "request_throughput", "median_ttft_ms", "p99_ttft_ms", "median_tpot_ms",
             "decode_tok_s", "decode_efficiency_pct", "ppl", "ppl_delta_vs_fp16", "kl_vs_fp16", "accuracy"]
@@ -34,11 +35,11 @@ def metrics(summary: Path) -> dict[str, Any]:
         rows = list(csv.DictReader(f))
     out: dict[str, Any] = {}
     for r in rows:
-        cell = f"c{r['concurrency']}-p{r['prompt_len']}" + (f"-r{r['repeat']}" if r.get("repeat") not in ("", "0", None) else "")
+        cell = row_cell_name(r)
         keys = [k for k in r if k in HEADLINE or k.endswith("_vs_published")]
         vals = {k: v for k in keys if (v := _num(r.get(k))) is not None}
         vals["ok"] = int(r.get("status") == "ok")
-        out.setdefault(r["experiment"], {}).setdefault(f"{r['engine']}-{r['format']}", {})[cell] = vals
+        out.setdefault(r["experiment"], {}).setdefault(variant_name(r["engine"], r["format"]), {})[cell] = vals
     return out
 
 

@@ -146,7 +146,7 @@ def points_from_snakemake(smk_config: Mapping[str, Any], conf_dir: Path | None =
 
 def _check_shared(points: list[Point]) -> None:
     """Points share the build side of the DAG; refuse sweeps that would need several."""
-    from bakeoff.stages.build_llamacpp import backend_tag
+    from bakeoff.layout import backend_tag
 
     ref = points[0].cfg
 

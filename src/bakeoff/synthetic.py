@@ -36,7 +36,8 @@ from pathlib import Path
 
 import numpy as np
 
-GGUF_NAME = "model.gguf"
+from bakeoff.layout import GGUF_NAME
+
 POOL = 1 << 26
 STD = 0.02
 SPECIALS = ("<s>", "</s>")

@@ -35,6 +35,7 @@ from typing import Any
 
 from bakeoff.artifacts import atomic_write_text
 from bakeoff.errors import BakeoffError
+from bakeoff.layout import SERVER_LOG, row_cell_name, row_variant_key, variant_of
 
 # summary columns that identify a cell rather than measure it (never metrics)
 ID_COLUMNS = {"experiment", "model", "engine", "engine_version", "format", "hardware", "status", "reason",
@@ -99,11 +100,6 @@ def cell_params(cfg: Mapping[str, Any], row: Mapping[str, str]) -> dict[str, str
     return {k[:250]: (v if len(v) <= 6000 else v[:5997] + "...") for k, v in params.items()}
 
 
-def cell_name(row: Mapping[str, str]) -> str:
-    base = f"c{row['concurrency']}-p{row['prompt_len']}"
-    return base if row.get("repeat") in (None, "", "0") else f"{base}-r{row['repeat']}"
-
-
 def _chunks(items: list, n: int) -> Iterator[list]:
     for i in range(0, len(items), n):
         yield items[i:i + n]
@@ -122,7 +118,7 @@ def log_invocation(*, summary: Path, config_json: Path, versions_json: Path, cel
         raise BakeoffError(f"{summary} has no rows: nothing to track")
     points = json.loads(Path(config_json).read_text())
     versions = json.loads(Path(versions_json).read_text())
-    variant_dirs = {f"{Path(i).parent.parent.parent.name}/{Path(i).parent.name}": Path(i).parent for i in cell_indexes}
+    variant_dirs = {variant_of(Path(i)).key: Path(i).parent for i in cell_indexes}
 
     uri = resolve_uri(uri, root)
     mlflow.set_tracking_uri(uri)
@@ -150,7 +146,7 @@ def log_invocation(*, summary: Path, config_json: Path, versions_json: Path, cel
                 c = int(r["concurrency"])
                 for m in SERIES_METRICS:
                     if (v := _num(r.get(m))) is not None:
-                        key = f"{r['experiment']}/{r['engine']}-{r['format']}.p{r['prompt_len']}.{m}"
+                        key = f"{row_variant_key(r)}.p{r['prompt_len']}.{m}"
                         series.append(Metric(key, v, now, c))
             for batch in _chunks(series, 1000):
                 client.log_batch(pid, metrics=batch)
@@ -159,14 +155,14 @@ def log_invocation(*, summary: Path, config_json: Path, versions_json: Path, cel
             for p in plots:
                 client.log_artifact(pid, str(p), "plots")
             for key, d in variant_dirs.items():
-                if (d / "server.log").is_file():
-                    client.log_artifact(pid, str(d / "server.log"), f"server_logs/{key}")
+                if (d / SERVER_LOG).is_file():
+                    client.log_artifact(pid, str(d / SERVER_LOG), f"server_logs/{key}")
 
             for r in rows:
                 point = points.get(r["experiment"])
                 if point is None:
                     raise BakeoffError(f"summary row experiment {r['experiment']!r} is not in {config_json}")
-                name = f"{r['experiment']}/{r['engine']}-{r['format']}/{cell_name(r)}"
+                name = f"{row_variant_key(r)}/{row_cell_name(r)}"
                 tags = {**base_tags, "mlflow.parentRunId": pid, "bakeoff.role": "cell", "engine": r["engine"],
                         "format": r["format"], "engine_version": r.get("engine_version", ""), "status": r.get("status", ""),
                         "reason": r.get("reason", "")[:5000], "experiment": r["experiment"],
@@ -181,9 +177,9 @@ def log_invocation(*, summary: Path, config_json: Path, versions_json: Path, cel
                 metrics = [Metric(k, v, now, step) for k, v in numeric_columns(r).items()]
                 for batch in _chunks(metrics, 1000):
                     client.log_batch(cid, metrics=batch)
-                d = variant_dirs.get(f"{r['experiment']}/{r['engine']}-{r['format']}")
+                d = variant_dirs.get(row_variant_key(r))
                 if d is not None:
-                    for f in (d / f"{cell_name(r)}.jsonl", d / f"{cell_name(r)}.json", d / "server.log"):
+                    for f in (d / f"{row_cell_name(r)}.jsonl", d / f"{row_cell_name(r)}.json", d / SERVER_LOG):
                         if f.is_file():
                             client.log_artifact(cid, str(f), "requests" if f.suffix == ".jsonl" else "cell")
                 client.set_tag(cid, "bakeoff.logged", "true")

@@ -7,7 +7,7 @@ from snakemake.exceptions import WorkflowError
 
 from bakeoff.config import config_hash
 from bakeoff.errors import ConfigError
-from bakeoff.stages.build_llamacpp import backend_tag
+from bakeoff.layout import toolchain_id
 from bakeoff.sweep import points_from_snakemake
 
 # One point per sweep combination (--config sweep="a=1,2"); one point without a sweep.
@@ -21,7 +21,7 @@ CFG = next(iter(POINTS.values())).cfg  # the build side (model, formats, toolcha
 CONFIG_HASH = config_hash(CFG)
 POINT_HASHES = " ".join(f"{n}:{p.hash}" for n, p in POINTS.items())
 TC = CFG.engines["llamacpp"].toolchain if "llamacpp" in CFG.engines else None
-TOOLCHAIN_ID = f"{TC.commit}-{backend_tag(CFG.hardware)}" if TC else None
+TOOLCHAIN_ID = toolchain_id(TC.commit, CFG.hardware) if TC else None
 MODEL_NAME = CFG.model.name
 
 

@@ -6,11 +6,11 @@ from typing import Any
 
 from bakeoff.engines.base import Engine, register
 from bakeoff.engines.flags import settings_to_flags
+from bakeoff.engines.toolchain import toolchain_bin
 from bakeoff.errors import BakeoffError
 from bakeoff.gpu import llamacpp_flags
+from bakeoff.layout import GGUF_NAME
 from bakeoff.manifest import read_manifest
-from bakeoff.stages.build_llamacpp import toolchain_bin
-from bakeoff.stages.convert_gguf import GGUF_NAME
 
 
 @register

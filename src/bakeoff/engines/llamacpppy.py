@@ -16,10 +16,10 @@ import sys
 from typing import Any
 
 from bakeoff.engines.base import Engine, register
+from bakeoff.engines.toolchain import library_dir
 from bakeoff.errors import BakeoffError
+from bakeoff.layout import BINDING_SITE, GGUF_NAME
 from bakeoff.manifest import read_manifest
-from bakeoff.stages.build_llamacpp_python import SITE, library_dir
-from bakeoff.stages.convert_gguf import GGUF_NAME
 
 
 def _value(v: Any) -> str:
@@ -50,7 +50,7 @@ class LlamaCppPythonEngine(Engine):
 
     def env(self) -> dict[str, str]:
         env = super().env()
-        site = str((self.spec.toolchain_dir or "") and self.spec.toolchain_dir / SITE)
+        site = str((self.spec.toolchain_dir or "") and self.spec.toolchain_dir / BINDING_SITE)
         env["PYTHONPATH"] = os.pathsep.join(p for p in (site, env.get("PYTHONPATH", "")) if p)
         if self.spec.toolchain_dir is not None:
             env["LLAMA_CPP_LIB_PATH"] = str(library_dir(self.spec.toolchain_dir))

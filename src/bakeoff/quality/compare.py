@@ -14,6 +14,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from bakeoff.layout import QUALITY_FILE, TOPK_FILE
 from bakeoff.quality.topk import mean_kl
 
 QUALITY_COLUMNS = ["quality_status", "quality_reason", "ppl", "bits_per_byte", "ppl_task", "ppl_n", "accuracy",
@@ -22,7 +23,7 @@ MIN_REF_BITS = 15.5
 
 
 def _load(variant_dir: Path) -> dict[str, Any]:
-    p = variant_dir / "quality.json"
+    p = variant_dir / QUALITY_FILE
     return json.loads(p.read_text()) if p.exists() else {"status": "missing", "reason": f"no {p}"}
 
 
@@ -34,7 +35,7 @@ def _first(tasks: dict[str, dict], metric: str) -> tuple[str, dict] | None:
 
 
 def _topk(variant_dir: Path) -> list[dict] | None:
-    p = variant_dir / "topk.json"
+    p = variant_dir / TOPK_FILE
     return json.loads(p.read_text())["positions"] if p.exists() else None
 
 

@@ -23,6 +23,7 @@ matplotlib.use("Agg")  # headless: never needs a display
 import matplotlib.pyplot as plt  # noqa: E402
 
 from bakeoff.artifacts import staged_dir  # noqa: E402
+from bakeoff.layout import row_cell_name, row_variant_key, variant_name, variant_of  # noqa: E402
 
 PLOTS = ["throughput_vs_concurrency.png", "ttft.png", "tpot.png", "quality_vs_speed.png", "roofline.png"]
 QUALITY = ["ppl", "accuracy", "ppl_delta_vs_fp16", "kl_vs_fp16"]
@@ -44,7 +45,7 @@ def num(v: Any) -> float | None:
 
 
 def variant(r: dict[str, str]) -> str:
-    label = f"{r['engine']}-{r['format']}"
+    label = variant_name(r["engine"], r["format"])
     if r.get("sweep"):
         label += f" [{r['sweep']}]"
     elif r.get("experiment") and "." in r["experiment"]:
@@ -108,11 +109,10 @@ def latency_distributions(rows: list[dict[str, str]], cell_dirs: dict[str, Path]
     """Box plots per variant and concurrency, all prompt lengths pooled."""
     data: dict[str, dict[tuple[str, int], list[float]]] = {"ttft": defaultdict(list), "tpot": defaultdict(list)}
     for r in _ok(rows):
-        d = cell_dirs.get(f"{r['experiment']}/{r['engine']}-{r['format']}")
+        d = cell_dirs.get(row_variant_key(r))
         if d is None:
             continue
-        name = f"c{r['concurrency']}-p{r['prompt_len']}" + (f"-r{r['repeat']}" if r.get("repeat") not in ("", "0") else "")
-        jsonl = d / f"{name}.jsonl"
+        jsonl = d / f"{row_cell_name(r)}.jsonl"
         if not jsonl.is_file():
             continue
         ttft, tpot = request_latencies(jsonl)
@@ -194,10 +194,7 @@ def roofline_plot(rows: list[dict[str, str]], out: Path) -> None:
 def render_all(summary: Path, cell_indexes: list[Path], out_dir: Path) -> list[Path]:
     """Write every plot into ``out_dir`` (atomically: all or none)."""
     rows = read_summary(summary)
-    cell_dirs = {}
-    for idx in cell_indexes:
-        variant_dir = Path(idx).parent
-        cell_dirs[f"{variant_dir.parent.parent.name}/{variant_dir.name}"] = variant_dir
+    cell_dirs = {variant_of(Path(idx)).key: Path(idx).parent for idx in cell_indexes}
     with staged_dir(out_dir) as tmp:
         throughput_vs_concurrency(rows, tmp / PLOTS[0])
         latency_distributions(rows, cell_dirs, tmp / PLOTS[1], tmp / PLOTS[2])

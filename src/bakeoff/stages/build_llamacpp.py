@@ -26,15 +26,11 @@ from bakeoff.artifacts import staged_dir
 from bakeoff.buildcache import cache_key, restore, store, tool_identity
 from bakeoff.cpuflags import cpu_model_name, ggml_cmake_flags, read_cpu_flags
 from bakeoff.errors import ToolchainError
-from bakeoff.manifest import read_manifest, verify, write_manifest
+from bakeoff.layout import LIBLLAMA, backend_tag
+from bakeoff.manifest import verify, write_manifest
 from bakeoff.schema import HardwareCfg, ToolchainCfg
 
 CACHE_KIND = "llamacpp"
-
-
-def backend_tag(hw: HardwareCfg) -> str:
-    """Directory tag of a build flavour: ``cpu`` or ``cuda<arch>``."""
-    return "cpu" if hw.backend == "cpu" else f"cuda{hw.cuda_arch}"
 
 
 def cmake_args(tc: ToolchainCfg, hw: HardwareCfg) -> list[str]:
@@ -74,9 +70,6 @@ def tool_version(binary: Path) -> str:
     if proc.returncode != 0:
         raise ToolchainError(f"{binary} --version failed ({proc.returncode}): {text[-500:]}")
     return text
-
-
-LIBLLAMA = "lib/libllama.so"
 
 
 def key_parts(tc: ToolchainCfg, hw: HardwareCfg) -> dict[str, Any]:
@@ -141,12 +134,3 @@ def build(tc: ToolchainCfg, hw: HardwareCfg, source_dir: Path, out_dir: Path, jo
         )
         store(CACHE_KIND, key, stage)
     shutil.rmtree(work, ignore_errors=True)
-
-
-def toolchain_bin(toolchain_dir: Path, tool: str) -> Path:
-    """Path of a built tool, after checking the build's manifest."""
-    read_manifest(toolchain_dir)
-    path = toolchain_dir / "bin" / tool
-    if not path.is_file():
-        raise ToolchainError(f"{tool} is not in toolchain {toolchain_dir}")
-    return path

@@ -19,25 +19,11 @@ from pathlib import Path
 
 from bakeoff.artifacts import staged_dir
 from bakeoff.errors import ToolchainError
-from bakeoff.manifest import read_manifest, sha256_file, verify, write_manifest
+from bakeoff.layout import BINDING_SITE, LIBLLAMA, SOURCE_ARCHIVE, backend_tag
+from bakeoff.manifest import sha256_file, verify, write_manifest
 from bakeoff.schema import HardwareCfg, ToolchainCfg
-from bakeoff.stages.build_llamacpp import LIBLLAMA, backend_tag
-from bakeoff.stages.fetch_llamacpp import ARCHIVE
 
-SITE = "site"
 BINDING_CMAKE_ARGS = ["-DLLAMA_BUILD=OFF", "-DLLAVA_BUILD=OFF"]  # the Python package only: no C++ compiled here
-
-
-def library_dir(binding_dir: Path) -> Path:
-    """The toolchain ``lib/`` this binding loads, checked against the sha256 recorded at install time."""
-    m = read_manifest(binding_dir)
-    lib_dir = (Path(binding_dir) / m["lib_dir"]).resolve()
-    lib = lib_dir / Path(LIBLLAMA).name
-    if not lib.is_file():
-        raise ToolchainError(f"{binding_dir} loads {lib}, which is missing: rebuild the toolchain")
-    if sha256_file(lib) != m["libllama_sha256"]:
-        raise ToolchainError(f"{lib} is not the libllama {binding_dir} was installed against (sha256 differs)")
-    return lib_dir
 
 
 def build(tc: ToolchainCfg, hw: HardwareCfg, source_dir: Path, toolchain_dir: Path, out_dir: Path) -> None:
@@ -53,7 +39,7 @@ def build(tc: ToolchainCfg, hw: HardwareCfg, source_dir: Path, toolchain_dir: Pa
     env = {**os.environ, "CMAKE_ARGS": " ".join(BINDING_CMAKE_ARGS), "FORCE_CMAKE": "1"}
     with staged_dir(out_dir) as stage:
         cmd = [sys.executable, "-m", "pip", "install", "--no-deps", "--no-cache-dir", "--disable-pip-version-check",
-               "--target", str(stage / SITE), str(source_dir / ARCHIVE)]
+               "--target", str(stage / BINDING_SITE), str(source_dir / SOURCE_ARCHIVE)]
         print("$ CMAKE_ARGS=" + repr(env["CMAKE_ARGS"]) + " " + " ".join(cmd), file=sys.stderr, flush=True)
         proc = subprocess.run(cmd, env=env, stdout=sys.stderr, stderr=subprocess.STDOUT)
         if proc.returncode != 0:
@@ -61,7 +47,7 @@ def build(tc: ToolchainCfg, hw: HardwareCfg, source_dir: Path, toolchain_dir: Pa
         check = subprocess.run(
             [sys.executable, "-c", "import llama_cpp, sys; sys.stdout.write(llama_cpp.__version__ + ' ' + "
              "llama_cpp.llama_cpp._lib._name)"],
-            env={**os.environ, "PYTHONPATH": str(stage / SITE), "LLAMA_CPP_LIB_PATH": str(lib.parent)},
+            env={**os.environ, "PYTHONPATH": str(stage / BINDING_SITE), "LLAMA_CPP_LIB_PATH": str(lib.parent)},
             capture_output=True, text=True)
         if check.returncode != 0 or check.stdout.split(" ")[0] != tc.version:
             raise ToolchainError(f"the binding does not import as {tc.version} on {lib}: {check.stderr[-800:]}")

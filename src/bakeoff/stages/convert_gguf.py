@@ -15,10 +15,9 @@ from pathlib import Path
 
 from bakeoff.artifacts import staged_dir
 from bakeoff.errors import ToolchainError
+from bakeoff.layout import GGUF_NAME
 from bakeoff.manifest import read_manifest, verify, write_manifest
 from bakeoff.weights import gguf_stats
-
-GGUF_NAME = "model.gguf"
 
 
 def _synthetic_f16(src: dict, src_dir: Path, out_dir: Path, outtype: str, fmt: str) -> None:

@@ -24,11 +24,9 @@ from pathlib import Path
 from typing import Any
 
 from bakeoff.artifacts import atomic_write_text
+from bakeoff.layout import QUALITY_FILE, TOPK_FILE
 from bakeoff.quality import canary, lmeval, localdata, topk
 from bakeoff.schema import EvalCfg
-
-QUALITY = "quality.json"
-TOPK = "topk.json"
 
 
 def eval_hash(eval_cfg: EvalCfg, route: dict[str, Any], artifact_sha: str | None) -> str:
@@ -39,7 +37,7 @@ def eval_hash(eval_cfg: EvalCfg, route: dict[str, Any], artifact_sha: str | None
 
 
 def reusable(out_dir: Path, digest: str) -> bool:
-    p = out_dir / QUALITY
+    p = out_dir / QUALITY_FILE
     if not p.exists():
         return False
     prev = json.loads(p.read_text())
@@ -47,7 +45,7 @@ def reusable(out_dir: Path, digest: str) -> bool:
 
 
 def write(out_dir: Path, record: dict[str, Any]) -> dict[str, Any]:
-    atomic_write_text(out_dir / QUALITY, json.dumps(record, indent=2, default=str) + "\n")
+    atomic_write_text(out_dir / QUALITY_FILE, json.dumps(record, indent=2, default=str) + "\n")
     return record
 
 
@@ -77,7 +75,7 @@ def score(*, base_url: str, model: str, api_key: str | None, tokenizer: Any, tok
         ids = kl_reference_ids(tokenizer, eval_cfg.kl_tokens)
         window = min(max_length - 1, 1024)
         lists = topk.score_topk(base_url, model, ids, window, top=eval_cfg.top_k, api_key=api_key)
-        atomic_write_text(out_dir / TOPK, json.dumps({"top_k": eval_cfg.top_k, "window": window, "positions": lists}))
+        atomic_write_text(out_dir / TOPK_FILE, json.dumps({"top_k": eval_cfg.top_k, "window": window, "positions": lists}))
         result["kl_positions"] = len(lists)
     result["eval_s"] = round(time.time() - t0, 1)
     return result

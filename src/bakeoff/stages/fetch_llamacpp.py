@@ -18,10 +18,10 @@ from pathlib import Path
 
 from bakeoff.artifacts import staged_dir
 from bakeoff.errors import ToolchainError
+from bakeoff.layout import SOURCE_ARCHIVE
 from bakeoff.manifest import sha256_file, write_manifest
 from bakeoff.schema import ToolchainCfg
 
-ARCHIVE = "source.tar.gz"
 TREE = "llama.cpp"
 
 
@@ -43,7 +43,7 @@ def download_sdist(tc: ToolchainCfg, dest: Path) -> Path:
 def fetch(tc: ToolchainCfg, out_dir: Path) -> None:
     """Download, verify and extract ``vendor/llama.cpp`` into ``out_dir``."""
     with staged_dir(out_dir) as stage:
-        archive = download_sdist(tc, stage / ARCHIVE)
+        archive = download_sdist(tc, stage / SOURCE_ARCHIVE)
         digest = sha256_file(archive)
         if digest != tc.sha256:
             raise ToolchainError(
@@ -57,5 +57,5 @@ def fetch(tc: ToolchainCfg, out_dir: Path) -> None:
             for m in members:
                 m.name = TREE + "/" + m.name[len(prefix):]
             tar.extractall(stage, members=members, filter="data")
-        write_manifest(stage, only=[ARCHIVE], kind="llamacpp-source", package=tc.package,
+        write_manifest(stage, only=[SOURCE_ARCHIVE], kind="llamacpp-source", package=tc.package,
                        version=tc.version, commit=tc.commit)

@@ -24,13 +24,13 @@ from typing import Any
 
 from bakeoff.artifacts import atomic_write_text
 from bakeoff.engines.base import THREAD_CAPS
+from bakeoff.engines.toolchain import toolchain_bin
 from bakeoff.errors import ToolchainError
 from bakeoff.gpu import server_env
+from bakeoff.layout import GGUF_NAME
 from bakeoff.llamabench import parse_records
 from bakeoff.manifest import read_manifest, verify
 from bakeoff.schema import HardwareCfg
-from bakeoff.stages.build_llamacpp import toolchain_bin
-from bakeoff.stages.convert_gguf import GGUF_NAME
 
 PROMPT_TOKENS = 512
 GEN_TOKENS = 128

@@ -7,10 +7,10 @@ import sys
 from pathlib import Path
 
 from bakeoff.artifacts import staged_dir
+from bakeoff.engines.toolchain import toolchain_bin
 from bakeoff.errors import ToolchainError
+from bakeoff.layout import GGUF_NAME
 from bakeoff.manifest import read_manifest, verify, write_manifest
-from bakeoff.stages.build_llamacpp import toolchain_bin
-from bakeoff.stages.convert_gguf import GGUF_NAME
 from bakeoff.weights import gguf_stats
 
 

@@ -46,6 +46,7 @@ from bakeoff.cellwindow import MeasuredWindow
 from bakeoff.engines import ServerSpec, get_engine
 from bakeoff.engines.base import Engine
 from bakeoff.errors import BakeoffError
+from bakeoff.layout import CELLS_INDEX, EVAL_SERVER_LOG, SAMPLES_FILE, SERVER_LOG, cell_name, variant_name
 from bakeoff.loadgen.metrics import summarize
 from bakeoff.loadgen.prompts import make_prompts
 from bakeoff.loadgen.runner import run_cell
@@ -58,9 +59,6 @@ from bakeoff.quality.samples import generate
 from bakeoff.schema import EngineCfg, EvalCfg, HardwareCfg, LoadCfg, request_context
 from bakeoff.stages import evaluate
 
-INDEX = "cells.json"
-SAMPLES = "samples.json"
-
 
 @dataclass(frozen=True)
 class Cell:
@@ -70,8 +68,7 @@ class Cell:
 
     @property
     def name(self) -> str:
-        base = f"c{self.concurrency}-p{self.prompt_len}"
-        return base if self.repeat == 0 else f"{base}-r{self.repeat}"
+        return cell_name(self.concurrency, self.prompt_len, self.repeat)
 
 
 def cells_of(load: LoadCfg) -> list[Cell]:
@@ -191,7 +188,7 @@ def _run(*, engine_cfg: EngineCfg, hardware: HardwareCfg, load: LoadCfg, experim
     out_dir.mkdir(parents=True, exist_ok=True)
     tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
     spec = ServerSpec(engine=engine_cfg, hardware=hardware, model_dir=model_dir, served_name=model,
-                      log_path=out_dir / "server.log", toolchain_dir=toolchain_dir)
+                      log_path=out_dir / SERVER_LOG, toolchain_dir=toolchain_dir)
     session = Session(spec, engine_cfg.plugin)
     base = {"experiment": experiment, "model": model, "engine": engine_name, "format": fmt,
             "hardware": hardware.name, "output_len": load.output_len,
@@ -216,7 +213,7 @@ def _run(*, engine_cfg: EngineCfg, hardware: HardwareCfg, load: LoadCfg, experim
     if quality.needed:
         lmeval.check_tasks(eval_cfg.tasks)  # an unknown task fails now, not after minutes of load tests
     samples_hash = hashlib.sha256(json.dumps([base["spec_hash"], eval_cfg.samples.model_dump()]).encode()).hexdigest()[:16]
-    need_samples = not _same_hash(out_dir / SAMPLES, samples_hash)
+    need_samples = not _same_hash(out_dir / SAMPLES_FILE, samples_hash)
     start_status = ("ok", "")
     try:
         if pending or quality.on_load_server or (need_samples and eval_cfg.samples.prompts):
@@ -225,7 +222,7 @@ def _run(*, engine_cfg: EngineCfg, hardware: HardwareCfg, load: LoadCfg, experim
             engine = session.engine
             up = start_status[0] == "ok" and engine is not None and engine.alive()
             if up and need_samples and engine is not None:
-                _write_json(out_dir / SAMPLES, {"samples_hash": samples_hash, "variant": f"{engine_name}-{fmt}",
+                _write_json(out_dir / SAMPLES_FILE, {"samples_hash": samples_hash, "variant": variant_name(engine_name, fmt),
                                                 "samples": generate(engine.base_url, model, eval_cfg.samples.prompts,
                                                                     eval_cfg.samples.max_tokens, engine_cfg.api_key)})
                 need_samples = False
@@ -236,8 +233,8 @@ def _run(*, engine_cfg: EngineCfg, hardware: HardwareCfg, load: LoadCfg, experim
     if need_samples:  # no prompts configured, or the server could not serve them
         reason = "" if not eval_cfg.samples.prompts else f"{start_status[0]}: {start_status[1]}"
         final = not reason or start_status[0] == "unsupported"  # a failure is retried next run; unsupported is a result
-        _write_json(out_dir / SAMPLES, {"samples_hash": samples_hash if final else None,
-                                        "variant": f"{engine_name}-{fmt}", "samples": [], "reason": reason})
+        _write_json(out_dir / SAMPLES_FILE, {"samples_hash": samples_hash if final else None,
+                                        "variant": variant_name(engine_name, fmt), "samples": [], "reason": reason})
     if quality.needed and not quality.on_load_server:
         unsupported = [c for c in cells if json.loads((out_dir / f"{c.name}.json").read_text())["status"] == "unsupported"]
         if unsupported:  # the variant cannot run here; its quality is not measured on another route
@@ -245,7 +242,7 @@ def _run(*, engine_cfg: EngineCfg, hardware: HardwareCfg, load: LoadCfg, experim
         else:
             quality.run_on_eval_server(spec, tokenizer, tokenizer_dir, model)
     index = {"variant": base, "cells": [json.loads((out_dir / f"{c.name}.json").read_text()) for c in cells]}
-    _write_json(out_dir / INDEX, index)
+    _write_json(out_dir / CELLS_INDEX, index)
     return index
 
 
@@ -318,7 +315,7 @@ class QualityPlan:
         cfg = self.engine_cfg.eval_server
         assert cfg is not None
         spec = ServerSpec(engine=cfg, hardware=load_spec.hardware, model_dir=load_spec.model_dir,
-                          served_name=model, log_path=self.out_dir / "eval-server.log",
+                          served_name=model, log_path=self.out_dir / EVAL_SERVER_LOG,
                           toolchain_dir=self.eval_toolchain_dir)
         session = Session(spec, cfg.plugin)
         try:

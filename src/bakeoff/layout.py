@@ -1,0 +1,139 @@
+"""Where every artifact lives and what its files are called: the path grammar, defined once.
+
+Why one module: the Snakefile plans the DAG from these templates and the
+stages write to the same places, so a name spelled twice drifts. Templates use
+Snakemake's ``{wildcard}`` syntax; the helpers below fill or read them. Nothing
+else builds an artifact path by hand or reads one by its depth.
+
+  build/llamacpp/src-{commit}/          pinned llama.cpp source tree (from the llama-cpp-python sdist)
+  build/llamacpp/{toolchain}/           built tools; toolchain = {commit}-{backend}, backend = cpu | cuda<arch>
+  build/llamacpp-python/{toolchain}/    llama-cpp-python built from the same sdist (the GGUF evaluation server)
+  results/hardware.json                 the doctor's record: GPUs, driver, ECC, topology, CPU, capabilities
+  models/{model}/source/                the model as fetched (hub snapshot, embedded GGUF, or synthetic GGUF)
+  models/{model}/{format}/              one format: fp16, fp8, fp8-dynamic, fp8-dequant, f16, q8_0, q4_k_m
+  results/raw/{experiment}/{model}/{engine}-{format}/
+      c{conc}-p{prompt}[-r{repeat}].jsonl   per-request records of one load cell
+      c{conc}-p{prompt}[-r{repeat}].json    that cell's metrics, status and reason
+      cells.json, server.log                the variant's index; its server's log
+      quality.json, topk.json               its quality scores (lm-eval, canary) and top-k logprobs for KL
+      samples.json                          its generations of the fixed prompt set
+  results/kernel/{model}/{format}-fa{fa}.json   llama-bench pp512/tg128 of one GGUF, fa = the server's on|off|auto
+  results/summary.csv                   one row per cell (every sweep point), quality columns joined per variant
+  results/baselines.json                each engine's 16-bit variant and its ok cells (the run fails without any)
+  results/samples/{experiment}/{model}.md   every variant's generations, side by side
+  results/config.json, versions.json    the invocation's composed config per sweep point; pinned versions
+  results/plots/<name>.png              report plots (also logged to MLflow)
+  results/report/{summary,environment}.html   report pages (snakemake --report report.html)
+  results/metrics.json                  DVC metrics, from the summary
+  results/mlflow/runs.json              the MLflow parent run and its cell runs of this invocation
+
+Each artifact directory is complete exactly when its manifest.json exists.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, NamedTuple, Protocol
+
+MANIFEST = "manifest.json"
+
+# File names inside an artifact directory.
+GGUF_NAME = "model.gguf"  # a GGUF format's single weights file
+CELLS_INDEX = "cells.json"  # a variant's index of its cells (what the summary reads)
+QUALITY_FILE = "quality.json"
+TOPK_FILE = "topk.json"
+SAMPLES_FILE = "samples.json"
+SERVER_LOG = "server.log"
+EVAL_SERVER_LOG = "eval-server.log"
+LIBLLAMA = "lib/libllama.so"  # inside a toolchain directory
+BINDING_SITE = "site"  # inside a llama-cpp-python directory: the installed package
+SOURCE_ARCHIVE = "source.tar.gz"  # inside the llama.cpp source directory
+
+# Snakemake output templates (each a manifest or a file the rule writes).
+HARDWARE = "results/hardware.json"
+LLAMACPP_SRC = f"build/llamacpp/src-{{commit}}/{MANIFEST}"
+TOOLCHAIN = f"build/llamacpp/{{toolchain}}/{MANIFEST}"
+PYBINDING = f"build/llamacpp-python/{{toolchain}}/{MANIFEST}"
+MODEL_SOURCE = f"models/{{model}}/source/{MANIFEST}"
+MODEL = f"models/{{model}}/{{format}}/{MANIFEST}"
+VARIANT_DIR = "results/raw/{experiment}/{model}/{engine}-{format}"
+CELLS = f"{VARIANT_DIR}/{CELLS_INDEX}"
+QUALITY = f"{VARIANT_DIR}/{QUALITY_FILE}"
+VARIANT_SAMPLES = f"{VARIANT_DIR}/{SAMPLES_FILE}"
+SUMMARY = "results/summary.csv"
+BASELINES = "results/baselines.json"
+SAMPLES = "results/samples/{experiment}/{model}.md"
+POINTS_FILE = "results/config.json"
+VERSIONS = "results/versions.json"
+PLOT = "results/plots/{name}.png"
+REPORT_PAGE = "results/report/{page}.html"
+DVC_METRICS = "results/metrics.json"
+TRACKED = "results/mlflow/runs.json"
+KERNEL = "results/kernel/{model}/{format}-fa{fa}.json"
+
+
+class _Backend(Protocol):
+    backend: str
+    cuda_arch: int | None
+
+
+def backend_tag(hw: _Backend) -> str:
+    """Directory tag of a build flavour: ``cpu`` or ``cuda<arch>``."""
+    return "cpu" if hw.backend == "cpu" else f"cuda{hw.cuda_arch}"
+
+
+def toolchain_id(commit: str, hw: _Backend) -> str:
+    """The ``{toolchain}`` wildcard: one build of one commit for one backend."""
+    return f"{commit}-{backend_tag(hw)}"
+
+
+def tool_path(toolchain_dir: Path, tool: str) -> Path:
+    """Where a built llama.cpp tool lives in its toolchain directory."""
+    return Path(toolchain_dir) / "bin" / tool
+
+
+def cell_name(concurrency: Any, prompt_len: Any, repeat: Any = 0) -> str:
+    """A load cell's file stem: ``c{conc}-p{prompt}``, plus ``-r{repeat}`` for every repeat after the first.
+
+    Accepts the summary's strings as well as ints (``""``/``"0"``/None mean the first repeat).
+    """
+    base = f"c{concurrency}-p{prompt_len}"
+    return base if repeat in (None, "", 0, "0") else f"{base}-r{repeat}"
+
+
+def row_cell_name(row: Mapping[str, Any]) -> str:
+    """The cell name of a summary row or cell record."""
+    return cell_name(row["concurrency"], row["prompt_len"], row.get("repeat"))
+
+
+def variant_name(engine: str, fmt: str) -> str:
+    return f"{engine}-{fmt}"
+
+
+def row_variant_key(row: Mapping[str, Any]) -> str:
+    """``<experiment>/<engine>-<format>`` of a summary row (matches :attr:`VariantKey.key`)."""
+    return f"{row['experiment']}/{variant_name(row['engine'], row['format'])}"
+
+
+def variant_dir(experiment: str, model: str, engine: str, fmt: str, root: Path = Path(".")) -> Path:
+    return Path(root) / VARIANT_DIR.format(experiment=experiment, model=model, engine=engine, format=fmt)
+
+
+class VariantKey(NamedTuple):
+    """What a variant directory's path says: its sweep point, model and ``<engine>-<format>``."""
+
+    experiment: str
+    model: str
+    variant: str
+
+    @property
+    def key(self) -> str:
+        """``<experiment>/<engine>-<format>``: how reports and MLflow name a variant."""
+        return f"{self.experiment}/{self.variant}"
+
+
+def variant_of(variant_file: Path) -> VariantKey:
+    """Read the variant of a file in its directory (such as ``cells.json``) by the grammar above."""
+    d = Path(variant_file).parent
+    return VariantKey(experiment=d.parent.parent.name, model=d.parent.name, variant=d.name)
