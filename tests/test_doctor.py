@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 
 from bakeoff.config import load_config
-from bakeoff.doctor import DoctorError, analyze, capabilities, predict, run, variants_of
+from bakeoff.doctor import DoctorError, analyze, capabilities, run
+from bakeoff.engines.support import predict, variants_of
 from bakeoff.schema import DoctorCfg
 
 from conftest import Pipeline, bakeoff

@@ -14,7 +14,7 @@ from bakeoff.config import load_config
 from bakeoff.engines import get_engine
 from bakeoff.engines.base import ServerSpec
 from bakeoff.errors import ConfigError
-from bakeoff.gpu import MULTICAST_OFF, llamacpp_flags, server_env, visible_devices, vllm_flags
+from bakeoff.gpu import MULTICAST_OFF, server_env, visible_devices
 
 
 def _spec(cfg, engine: str, tmp_path: Path) -> ServerSpec:
@@ -49,6 +49,7 @@ def test_two_h200s_split_the_model_as_configured(tmp_path: Path, mode: str) -> N
 
 
 def test_explicit_engine_settings_win_over_the_hardware_defaults() -> None:
+    llamacpp_flags, vllm_flags = get_engine("llamacpp").hardware_flags, get_engine("vllm").hardware_flags
     hw = load_config(["experiment=blog_v100"]).hardware
     assert llamacpp_flags(hw, {"n_gpu_layers": 99, "split_mode": "row", "tensor_split": "1,1"}) == []
     assert vllm_flags(hw, {"tensor_parallel_size": 2}) == []

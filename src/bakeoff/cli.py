@@ -216,7 +216,8 @@ def _doctor_text(r: dict, predictions: dict | None = None) -> str:
 
 def _cmd_doctor(a: argparse.Namespace) -> None:
     from bakeoff.config import load_config
-    from bakeoff.doctor import predict, run, variants_of
+    from bakeoff.doctor import run
+    from bakeoff.engines.support import predict, variants_of
 
     cfg = load_config(a.overrides)
     facts = json.loads(Path(a.facts).read_text()) if a.facts else None

@@ -13,8 +13,8 @@ Two halves, so the rules can be tested without a GPU:
   CUDA versions, ECC counts (volatile and aggregate, corrected and
   uncorrected), PCIe link, NVLink links, and the GPU-to-GPU topology matrix.
 * :func:`analyze` turns probed facts plus the hardware config into the
-  capability matrix, topology, warnings, and the ECC gate; :func:`predict`
-  turns that record plus an experiment's variants into expected statuses.
+  capability matrix, topology, warnings, and the ECC gate; each engine turns
+  that record into expected statuses of its variants (bakeoff.engines.support).
   Tests feed them NVML facts of V100, A100 (fixtures) and H200 (recorded) nodes.
 
 Capability rules (compute capability ``cc``): native FP8 needs cc >= 8.9;
@@ -42,11 +42,10 @@ from bakeoff.cpuflags import cpu_model_name, read_cpu_flags
 from bakeoff.errors import BakeoffError
 
 if TYPE_CHECKING:  # the probe also runs standalone on a bare GPU node (no pydantic there)
-    from bakeoff.schema import Config, DoctorCfg, HardwareCfg
+    from bakeoff.schema import DoctorCfg, HardwareCfg
 
 SCHEMA = 1
 TOPO_LEVELS = {0: "X", 10: "PIX", 20: "PXB", 30: "PHB", 40: "NODE", 50: "SYS"}  # nvidia-smi topo -m labels
-RUNTIME_FP8_METHODS = ("fp8",)  # quant methods whose weights stay FP8 when served
 
 
 class DoctorError(BakeoffError):
@@ -233,34 +232,6 @@ def topology(facts: dict[str, Any]) -> dict[str, Any]:
         matrix.append(row)
     inter = None if len(gpus) < 2 else ("nvlink" if any_nvlink else "pcie")
     return {"labels": [f"GPU{g['index']}" for g in gpus], "matrix": matrix, "interconnect": inter}
-
-
-def variants_of(cfg: Config) -> list[tuple[str, str, str, str]]:
-    """(engine, plugin, format, quant method) of every variant: what a prediction depends on."""
-    return [(e, cfg.engines[e].plugin, f, cfg.formats[f].method) for e, f in cfg.variants()]
-
-
-def predict(report: dict[str, Any], variants: list[tuple[str, str, str, str]]) -> dict[str, dict[str, str]]:
-    """Expected status of each variant from the doctor's record: supported, or unsupported with the reason.
-
-    Kept out of ``hardware.json`` itself so the record depends on the node and
-    the hardware config only (one doctor run serves every experiment on it).
-    """
-    caps, cc = report["capabilities"], report.get("compute_capability")
-    out: dict[str, dict[str, str]] = {}
-    for engine, plugin, fmt, method in variants:
-        status, reason = "supported", ""
-        if plugin == "vllm" and method in RUNTIME_FP8_METHODS:
-            if cc is None:
-                status, reason = "unsupported", "vLLM's CPU build has no FP8 linear kernels"
-            elif not caps["any_fp8"]:
-                status, reason = "unsupported", f"no FP8 path on compute capability {cc:.1f} (needs >= 7.5)"
-            elif not caps["native_fp8"]:
-                reason = f"FP8 weight-only through Marlin on compute capability {cc:.1f} (native FP8 needs >= 8.9)"
-            else:
-                reason = f"native FP8 on compute capability {cc:.1f}"
-        out[f"{engine}-{fmt}"] = {"expected": status, "reason": reason}
-    return out
 
 
 def ecc_uncorrected(facts: dict[str, Any]) -> dict[str, int]:

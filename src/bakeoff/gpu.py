@@ -4,9 +4,9 @@ Why this module: Snakemake's ``gpu`` resource only *counts* GPUs, it never
 picks them. bakeoff therefore pins every server it starts to an explicit
 device list (``CUDA_VISIBLE_DEVICES``) and gives each serving job the whole
 node's GPUs (and all cores), so two jobs never share a GPU by accident. The
-multi-GPU flags of both engines (llama.cpp ``-sm``/``--tensor-split``, vLLM
-``--tensor-parallel-size``) come from the hardware config, not from each
-experiment, so the same experiment runs on a 1-GPU and a 2-GPU node.
+multi-GPU flags of each engine (``Engine.hardware_flags``) come from the
+hardware config, not from each experiment, so the same experiment runs on a
+1-GPU and a 2-GPU node.
 
 NVLink multicast stays off in every process bakeoff starts (NCCL,
 PyTorch symmetric memory, NVSHMEM): on shared hosts it can take the GPUs out
@@ -55,32 +55,6 @@ def server_env(hw: HardwareCfg, environ: Mapping[str, str]) -> dict[str, str]:
         # (bakeoff.telemetry maps the server's devices to NVML handles through it).
         env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
     return env
-
-
-def llamacpp_flags(hw: HardwareCfg, settings: Mapping[str, object]) -> list[str]:
-    """llama-server flags for the GPUs: offload every layer, split across GPUs as configured.
-
-    Flags the engine settings already set explicitly are left to them.
-    """
-    if hw.backend != "cuda":
-        return []
-    out: list[str] = []
-    if settings.get("n_gpu_layers") is None:
-        out += ["--n-gpu-layers", "999"]
-    if hw.gpus > 1:
-        if settings.get("split_mode") is None:
-            out += ["--split-mode", hw.llamacpp_split_mode]
-        if hw.llamacpp_tensor_split is not None and settings.get("tensor_split") is None:
-            out += ["--tensor-split", ",".join(f"{x:g}" for x in hw.llamacpp_tensor_split)]
-    return out
-
-
-def vllm_flags(hw: HardwareCfg, settings: Mapping[str, object]) -> list[str]:
-    """vLLM flags for the GPUs: tensor parallelism over the node's GPUs unless set explicitly."""
-    if hw.backend != "cuda" or settings.get("tensor_parallel_size") is not None:
-        return []
-    tp = hw.tensor_parallel_size
-    return ["--tensor-parallel-size", str(tp)] if tp > 1 else []
 
 
 def docker_gpu_args(hw: HardwareCfg, environ: Mapping[str, str]) -> list[str]:

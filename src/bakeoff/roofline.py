@@ -23,9 +23,9 @@ Definition (precise, because "efficiency" is easy to define two ways):
 
 ``B`` is ``hardware.mem_bandwidth_gbs`` (per GPU; on CPU, the configured or
 measured system bandwidth), times the GPUs that read disjoint weight shards in
-parallel: vLLM's tensor-parallel size (settings, else the hardware config's)
-and llama.cpp's ``-sm row``. llama.cpp's default layer split runs its GPUs
-one after the other for a token, so it gets one GPU's bandwidth.
+parallel, as each engine says (``Engine.weight_shards``: vLLM's tensor-parallel
+size, llama.cpp's ``-sm row``; llama.cpp's default layer split runs its GPUs one
+after the other for a token, so it gets one GPU's bandwidth).
 ``W`` is the served weight bytes (``weight_bytes`` of the summary).
 """
 
@@ -33,6 +33,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from typing import Any
+
+from bakeoff.engines import get_engine
 
 COLUMNS = ["decode_tok_s", "mem_bandwidth_gbs", "decode_ceiling_tok_s", "decode_ceiling_aggregate_tok_s",
            "decode_efficiency_pct"]
@@ -54,14 +56,7 @@ def effective_bandwidth_gbs(hardware: Mapping[str, Any], engine_plugin: str | No
     bw = _num(hardware.get("mem_bandwidth_gbs"))
     if bw is None:
         return None
-    shards = 1
-    gpus = int(hardware.get("gpus") or 0)
-    if engine_plugin == "vllm" and hardware.get("backend") == "cuda":
-        shards = int((engine_settings or {}).get("tensor_parallel_size")
-                     or hardware.get("vllm_tensor_parallel_size") or max(1, gpus))
-    elif engine_plugin == "llamacpp" and gpus > 1:
-        mode = (engine_settings or {}).get("split_mode") or hardware.get("llamacpp_split_mode") or "layer"
-        shards = gpus if mode == "row" else 1  # row split: every GPU reads its slice of each matrix at once
+    shards = get_engine(engine_plugin).weight_shards(hardware, engine_settings or {}) if engine_plugin else 1
     return bw * max(1, shards)
 
 

@@ -13,6 +13,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, PositiveFloat, PositiveInt, model_validator
 
+from bakeoff.errors import BakeoffError
 from bakeoff.synthetic import Shape
 
 SLUG = r"^[a-z0-9][a-z0-9_.-]*$"
@@ -117,7 +118,7 @@ class ToolchainCfg(_Strict):
 
 
 class EngineCfg(_Strict):
-    plugin: Literal["vllm", "llamacpp", "llamacpppy"]
+    plugin: str  # a registered engine (bakeoff.engines.register); checked below
     serves: Literal["hf", "gguf"]
     host: str = "127.0.0.1"
     port: int | None = Field(default=None, ge=1, le=65535)
@@ -135,6 +136,10 @@ class EngineCfg(_Strict):
 
     @model_validator(mode="after")
     def _bind_safely(self) -> EngineCfg:
+        try:
+            engine_plugin(self.plugin)
+        except BakeoffError as e:
+            raise ValueError(str(e)) from None
         try:
             loopback = ipaddress.ip_address(self.host).is_loopback
         except ValueError:
@@ -244,16 +249,20 @@ class ExperimentCfg(_Strict):
     variants: dict[str, list[str]] = Field(min_length=1)
 
 
+def engine_plugin(plugin: str) -> Any:
+    """The registered engine class of a plugin name: what only the engine knows (its context, its flags).
+
+    The one lookup from the config layer up into the engines (a call at validation time, not an import
+    at load time; tests/test_layers.py names it): validation needs each engine's own rules.
+    """
+    from bakeoff.engines import get_engine
+
+    return get_engine(plugin)
+
+
 def request_context(e: EngineCfg, model_max_context: int | None = None) -> int:
-    """Tokens one request may use on this engine: vLLM's max_model_len; llama.cpp's ctx_size / parallel slots."""
-    cap = model_max_context or 1 << 30
-    if e.plugin == "vllm":
-        ctx = int(e.settings.get("max_model_len") or cap)
-    elif e.plugin == "llamacpppy":
-        ctx = int(e.settings.get("n_ctx") or cap)
-    else:
-        ctx = int(e.settings.get("ctx_size") or cap) // max(1, int(e.settings.get("parallel") or 1))
-    return min(ctx, cap)
+    """Tokens one request may use on this engine, as the engine itself computes it."""
+    return engine_plugin(e.plugin).request_context(e.settings, model_max_context)
 
 
 class Config(_Strict):

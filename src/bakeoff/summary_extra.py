@@ -13,8 +13,10 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from bakeoff import doctor, published, roofline
+from bakeoff import published, roofline
+from bakeoff.engines.support import predict
 from bakeoff.errors import BakeoffError
+from bakeoff.layout import variant_name
 
 AXIS_COLUMNS = ["sweep", "overrides"]
 # From the doctor (results/hardware.json) and the model config: what was expected, where bandwidth came from.
@@ -50,7 +52,7 @@ def _prediction(facts: Mapping[str, Any] | None, pt: Mapping[str, Any], r: Mappi
     engine, fmt = r.get("engine"), r.get("format")
     plugin = cfg.get("engines", {}).get(engine, {}).get("plugin", engine)
     method = cfg.get("formats", {}).get(fmt, {}).get("method", "")
-    return doctor.predict(dict(facts), [(engine, plugin, fmt, method)]).get(f"{engine}-{fmt}", {})
+    return predict(dict(facts), [(engine, plugin, fmt, method)]).get(variant_name(engine, fmt), {})
 
 
 def extend(rows: list[dict[str, Any]], points: Mapping[str, Any], published_path: Path | None,

@@ -6,6 +6,7 @@ from pathlib import Path
 from snakemake.exceptions import WorkflowError
 
 from bakeoff.config import config_hash
+from bakeoff.engines import get_engine
 from bakeoff.errors import ConfigError
 from bakeoff.layout import toolchain_id
 from bakeoff.sweep import points_from_snakemake
@@ -36,10 +37,8 @@ LLAMACPP_ENV = "../../envs/llamacpp-cuda.yaml" if CFG.hardware.backend == "cuda"
 
 
 def serve_env(wildcards):
-    """The serving job's environment: the vLLM node's pins, or the evaluation client's (llama.cpp variants)."""
-    if CFG.engines[wildcards.engine].plugin == "vllm":
-        return "../../envs/vllm-node.yaml" if CFG.hardware.backend == "cuda" else "../../envs/bakeoff.yaml"
-    return "../../envs/eval.yaml"
+    """The serving job's environment, as its engine names it (Engine.conda_env)."""
+    return f"../../envs/{get_engine(CFG.engines[wildcards.engine].plugin).conda_env(CFG.hardware.backend)}"
 
 
 def _alt(names):
@@ -97,16 +96,20 @@ def serve_inputs(wildcards):
                       else MODEL.format(model=wildcards.model, format="fp16")),
     }
     engine = CFG.engines[wildcards.engine]
-    if engine.plugin == "llamacpp":
-        inputs["toolchain"] = toolchain_manifest()
-    if engine.eval_server is not None and engine.eval_server.plugin == "llamacpppy" and CFG.eval.tasks:
-        inputs["eval_toolchain"] = pybinding_manifest()
+    if get_engine(engine.plugin).toolchain is not None:
+        inputs["toolchain"] = TOOLCHAIN_INPUTS[get_engine(engine.plugin).toolchain]()
+    if engine.eval_server is not None and get_engine(engine.eval_server.plugin).toolchain and CFG.eval.tasks:
+        inputs["eval_toolchain"] = TOOLCHAIN_INPUTS[get_engine(engine.eval_server.plugin).toolchain]()
     return inputs
 
 
 def pybinding_manifest():
     toolchain_manifest()  # same precondition: a llamacpp engine with a toolchain
     return PYBINDING.format(toolchain=TOOLCHAIN_ID)
+
+
+# What each Engine.toolchain value asks the DAG to build.
+TOOLCHAIN_INPUTS = {"llamacpp": toolchain_manifest, "llamacpp-python": pybinding_manifest}
 
 
 def doctor_spec(wildcards):
@@ -186,7 +189,7 @@ def kernel_files():
     for p in POINTS.values():
         for e, f in p.cfg.variants():
             eng = p.cfg.engines[e]
-            if eng.plugin == "llamacpp":
+            if get_engine(eng.plugin).toolchain == "llamacpp":  # served by the llama.cpp tools
                 path = KERNEL.format(model=MODEL_NAME, format=f, fa=flash_attn_mode(eng.settings.get("flash_attn")))
                 if path not in out:
                     out.append(path)

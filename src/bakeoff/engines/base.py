@@ -102,6 +102,38 @@ class Engine(abc.ABC):
     # The engine's own words for "this build or hardware cannot run this format or feature". A start
     # failure matching one is ``unsupported``; any other is ``failed``.
     unsupported_patterns: tuple[str, ...] = ()
+    # The setting that bounds one request's tokens (prompt + output); None: the model's context.
+    context_setting: str | None = None
+    # What the DAG builds for it before it can start: "llamacpp" (the tools), "llamacpp-python" (the binding), None.
+    toolchain: str | None = None
+
+    # --- what the engine knows about itself, asked before any server starts ----------
+    @classmethod
+    def request_context(cls, settings: Mapping[str, Any], model_max_context: int | None = None) -> int:
+        """Tokens one request may use with these settings (never more than the model's context)."""
+        cap = model_max_context or 1 << 30
+        value = settings.get(cls.context_setting) if cls.context_setting else None
+        return min(int(value or cap), cap)
+
+    @classmethod
+    def hardware_flags(cls, hardware: HardwareCfg, settings: Mapping[str, Any]) -> list[str]:
+        """Command-line flags this hardware needs (GPU offload, multi-GPU split), unless settings set them."""
+        return []
+
+    @classmethod
+    def weight_shards(cls, hardware: Mapping[str, Any], settings: Mapping[str, Any]) -> int:
+        """GPUs that read disjoint weight shards at once during one decode step (the roofline's bandwidth factor)."""
+        return 1
+
+    @classmethod
+    def predict_support(cls, method: str, capabilities: Mapping[str, Any], cc: float | None) -> tuple[str, str]:
+        """Expected status of a format made by quant ``method`` on hardware with the doctor's ``capabilities``."""
+        return "supported", ""
+
+    @classmethod
+    def conda_env(cls, backend: str) -> str:
+        """The pinned environment (a file in envs/) its serving job runs in on a cluster (--sdm conda)."""
+        return "eval.yaml"
 
     @classmethod
     def config_problems(cls, engine: EngineCfg, hardware: HardwareCfg) -> list[str]:

@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from bakeoff.engines.base import Engine, register
 from bakeoff.engines.flags import settings_to_flags
 from bakeoff.engines.toolchain import toolchain_bin
 from bakeoff.errors import BakeoffError
-from bakeoff.gpu import llamacpp_flags
 from bakeoff.layout import GGUF_NAME
 from bakeoff.manifest import read_manifest
+from bakeoff.schema import HardwareCfg
 
 
 @register
@@ -18,6 +19,38 @@ class LlamaCppEngine(Engine):
     name = "llamacpp"
     serves = "gguf"
     health_path = "/health"
+    toolchain = "llamacpp"
+
+    @classmethod
+    def request_context(cls, settings: Mapping[str, Any], model_max_context: int | None = None) -> int:
+        """llama-server splits ``ctx_size`` evenly between its ``parallel`` slots."""
+        cap = model_max_context or 1 << 30
+        ctx = int(settings.get("ctx_size") or cap) // max(1, int(settings.get("parallel") or 1))
+        return min(ctx, cap)
+
+    @classmethod
+    def hardware_flags(cls, hardware: HardwareCfg, settings: Mapping[str, Any]) -> list[str]:
+        """Offload every layer, split across GPUs as configured; flags the settings set are left to them."""
+        if hardware.backend != "cuda":
+            return []
+        out: list[str] = []
+        if settings.get("n_gpu_layers") is None:
+            out += ["--n-gpu-layers", "999"]
+        if hardware.gpus > 1:
+            if settings.get("split_mode") is None:
+                out += ["--split-mode", hardware.llamacpp_split_mode]
+            if hardware.llamacpp_tensor_split is not None and settings.get("tensor_split") is None:
+                out += ["--tensor-split", ",".join(f"{x:g}" for x in hardware.llamacpp_tensor_split)]
+        return out
+
+    @classmethod
+    def weight_shards(cls, hardware: Mapping[str, Any], settings: Mapping[str, Any]) -> int:
+        """Row split: every GPU reads its slice of each matrix at once; the default layer split runs them in turn."""
+        gpus = int(hardware.get("gpus") or 0)
+        if gpus <= 1:
+            return 1
+        mode = settings.get("split_mode") or hardware.get("llamacpp_split_mode") or "layer"
+        return gpus if mode == "row" else 1
 
     def command(self) -> list[str]:
         if self.spec.toolchain_dir is None:
@@ -26,7 +59,7 @@ class LlamaCppEngine(Engine):
         cmd = [str(toolchain_bin(self.spec.toolchain_dir, "llama-server")), "-m", str(self.spec.model_dir / GGUF_NAME),
                "--host", self.host, "--port", str(self.port), "--alias", self.spec.served_name]
         cmd += settings_to_flags(e.settings)
-        cmd += llamacpp_flags(self.spec.hardware, e.settings)
+        cmd += self.hardware_flags(self.spec.hardware, e.settings)
         if e.api_key:
             cmd += ["--api-key", e.api_key]
         return cmd + list(e.extra_args)

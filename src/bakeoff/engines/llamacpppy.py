@@ -31,6 +31,8 @@ class LlamaCppPythonEngine(Engine):
     name = "llamacpppy"
     serves = "gguf"
     health_path = "/v1/models"
+    context_setting = "n_ctx"
+    toolchain = "llamacpp-python"
 
     def command(self) -> list[str]:
         if self.spec.toolchain_dir is None:

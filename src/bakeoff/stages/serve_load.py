@@ -56,7 +56,7 @@ from bakeoff.proc import ServerStartError
 from bakeoff.quality import lmeval
 from bakeoff.quality.canary import CanaryError
 from bakeoff.quality.samples import generate
-from bakeoff.schema import EngineCfg, EvalCfg, HardwareCfg, LoadCfg, request_context
+from bakeoff.schema import EngineCfg, EvalCfg, HardwareCfg, LoadCfg
 from bakeoff.stages import evaluate
 
 
@@ -182,7 +182,7 @@ def _run(*, engine_cfg: EngineCfg, hardware: HardwareCfg, load: LoadCfg, experim
     from transformers import AutoTokenizer
 
     load, load_note = load.for_variant(engine_cfg.load, fmt)
-    check_load_before_start(load, request_context(engine_cfg))
+    check_load_before_start(load, get_engine(engine_cfg.plugin).request_context(engine_cfg.settings))
     manifest = verify(model_dir)
     verify(tokenizer_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -294,7 +294,7 @@ class QualityPlan:
             self.record_status("unsupported", f"{engine.name} cannot score prompts and no eval_server is configured",
                                route=route)
             return
-        ctx = request_context(engine.spec.engine) - 1  # lm-eval's windows + the 1 token it asks to generate
+        ctx = type(engine).request_context(engine.spec.engine.settings) - 1  # lm-eval's windows + the 1 token it asks to generate
         try:
             scores = evaluate.score(base_url=engine.base_url, model=model, api_key=engine.spec.engine.api_key,
                                     tokenizer=tokenizer, tokenizer_dir=tokenizer_dir, eval_cfg=self.eval_cfg,
