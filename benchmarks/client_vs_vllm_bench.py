@@ -81,7 +81,7 @@ def main() -> int:
 
     from transformers import AutoTokenizer
 
-    from bakeoff.config import load_config
+    from bakeoff.config.compose import load_config
     from bakeoff.engines import ServerSpec, get_engine
     from bakeoff.loadgen.prompts import make_prompts
 

@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from bakeoff.artifacts import staged_dir
-from bakeoff.cpuflags import ggml_cmake_flags, read_cpu_flags
 from bakeoff.errors import ManifestError
-from bakeoff.manifest import read_manifest, verify, write_manifest
+from bakeoff.hardware.cpuflags import ggml_cmake_flags, read_cpu_flags
+from bakeoff.models.artifacts import staged_dir
+from bakeoff.models.manifest import read_manifest, verify, write_manifest
 
 
 def _make(root: Path) -> Path:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from bakeoff.baselines import BaselineError, baselines, check
+from bakeoff.results.baselines import BaselineError, baselines, check
 
 from conftest import Pipeline, bakeoff
 

@@ -1,6 +1,6 @@
 """The build cache: an entry is used only when its key and every file's sha256 match; otherwise rebuilt.
 
-The fast tests drive bakeoff.buildcache on real artifact directories (real manifests, real sha256). The
+The fast tests drive bakeoff.stages.buildcache on real artifact directories (real manifests, real sha256). The
 slow ones check the pipeline's own toolchain: recorded with its key, and restored from the cache by the
 real build stage on a fresh output directory without compiling.
 """
@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from bakeoff import buildcache
-from bakeoff.manifest import read_manifest, write_manifest
+from bakeoff.models.manifest import read_manifest, write_manifest
+from bakeoff.stages import buildcache
 
 from conftest import bakeoff
 
@@ -97,7 +97,7 @@ def test_the_build_stage_restores_the_pipelines_toolchain_without_compiling(tool
     m = read_manifest(toolchain)
     assert m["cache_key"] == buildcache.cache_key(m["cache_key_parts"])
     buildcache.store("llamacpp", m["cache_key"], toolchain)  # what the pipeline's build stored in its cache
-    from bakeoff.config import load_config
+    from bakeoff.config.compose import load_config
 
     cfg = load_config([])
     src = next(p for p in toolchain.parent.iterdir() if p.name.startswith("src-"))

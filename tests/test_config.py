@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from bakeoff.config import compose_raw, load_config, overrides_from_snakemake
+from bakeoff.config.compose import compose_raw, load_config, overrides_from_snakemake
 from bakeoff.errors import ConfigError
 
 from conftest import ROOT, snakemake
@@ -110,7 +110,7 @@ def test_snakemake_refuses_bad_config_before_any_job() -> None:
 
 
 def test_conf_dir_is_found_from_anywhere_in_the_repo(tmp_path: Path) -> None:
-    from bakeoff.config import find_conf_dir
+    from bakeoff.config.compose import find_conf_dir
 
     assert find_conf_dir(ROOT / "src" / "bakeoff") == CONF
     with pytest.raises(ConfigError):

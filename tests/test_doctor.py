@@ -1,6 +1,6 @@
 """The hardware doctor: on this CPU machine for real, and on recorded NVML facts of V100, A100 and H200 nodes.
 
-tests/fixtures/hardware/h200.json was recorded on the lent H200 (``python -m bakeoff.doctor``). The V100
+tests/fixtures/hardware/h200.json was recorded on the lent H200 (``python -m bakeoff.hardware.doctor``). The V100
 and A100 files are hand-written (``*.handwritten.json``; tests/fixtures/hardware/README.md says where each
 value comes from): the same fields, shaped as NVML reports them for those parts.
 """
@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from bakeoff.config import load_config
-from bakeoff.doctor import DoctorError, analyze, capabilities, run
+from bakeoff.config.compose import load_config
+from bakeoff.config.schema import DoctorCfg
 from bakeoff.engines.support import predict, variants_of
-from bakeoff.schema import DoctorCfg
+from bakeoff.hardware.doctor import DoctorError, analyze, capabilities, run
 
 from conftest import Pipeline, bakeoff
 

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from bakeoff.config import load_config
-from bakeoff.manifest import read_manifest, sha256_file, verify
+from bakeoff.config.compose import load_config
+from bakeoff.models.manifest import read_manifest, sha256_file, verify
 
 from conftest import ROOT, bakeoff, snakemake
 

@@ -9,12 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from bakeoff import roofline
-from bakeoff.config import load_config
+from bakeoff.config.compose import load_config
 from bakeoff.engines import get_engine
 from bakeoff.engines.base import ServerSpec
 from bakeoff.errors import ConfigError
-from bakeoff.gpu import MULTICAST_OFF, server_env, visible_devices
+from bakeoff.hardware.gpu import MULTICAST_OFF, server_env, visible_devices
+from bakeoff.results import roofline
 
 
 def _spec(cfg, engine: str, tmp_path: Path) -> ServerSpec:

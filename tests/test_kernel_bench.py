@@ -1,7 +1,7 @@
 """Kernel-only speed beside served speed: llama-bench's command, and the summary's join.
 
 The llama-bench records are hand-written in llama-bench's -o json shape (the fields
-bakeoff.llamabench reads), with the H200's measured f16 numbers as values.
+bakeoff.results.llamabench reads), with the H200's measured f16 numbers as values.
 """
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from bakeoff.config.schema import HardwareCfg, LoadCfg
 from bakeoff.errors import ToolchainError
-from bakeoff.schema import HardwareCfg, LoadCfg
 from bakeoff.stages.kernel_bench import command, flash_attn_mode, join
 
 

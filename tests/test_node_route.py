@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from bakeoff.errors import BakeoffError
-from bakeoff.manifest import verify, write_manifest
-from bakeoff.node import COLLECT, NODE_SH, collect, pack, unpack
+from bakeoff.models.manifest import verify, write_manifest
+from bakeoff.stages.node import COLLECT, NODE_SH, collect, pack, unpack
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -117,7 +117,7 @@ def test_node_target_plans_only_node_jobs():
 
 def test_record_of_the_h200_run_derives_its_committed_tables(tmp_path: Path):
     """The committed run record is what `bakeoff node record` derives from the committed tarball."""
-    from bakeoff.node import record
+    from bakeoff.stages.node import record
 
     run = ROOT / "runs/h200-llamacpp/matrix-2026-12-03"
     paths = record(run / "node-results.tgz", tmp_path)

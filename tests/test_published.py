@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from bakeoff import published
-from bakeoff.config import load_config
+from bakeoff.config.compose import load_config
 from bakeoff.errors import ConfigError
+from bakeoff.results import published
 
 from conftest import Pipeline
 

@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from bakeoff import published, roofline
-from bakeoff.config import load_config
+from bakeoff.config.compose import load_config
+from bakeoff.results import published, roofline
 
 from conftest import Pipeline
 

@@ -8,7 +8,7 @@ tests/test_server_telemetry.py scrapes a real llama-server.
 
 from __future__ import annotations
 
-from bakeoff.scrape import NAMES, first, gauges, slots_kv_fraction
+from bakeoff.loadgen.scrape import NAMES, first, gauges, slots_kv_fraction
 
 # Hand-written, vLLM's exposition format (labels per model/engine; two engines to show the sum).
 VLLM_TEXT = """# HELP vllm:num_requests_waiting Number of requests waiting to be processed.

@@ -16,12 +16,12 @@ from pathlib import Path
 import pytest
 from transformers import AutoTokenizer
 
+from bakeoff.config.schema import EngineCfg, HardwareCfg
 from bakeoff.engines import ServerSpec, get_engine
 from bakeoff.loadgen.metrics import summarize
 from bakeoff.loadgen.prompts import make_prompts
 from bakeoff.loadgen.runner import run_cell
-from bakeoff.schema import EngineCfg, HardwareCfg
-from bakeoff.scrape import MetricsScraper
+from bakeoff.loadgen.scrape import MetricsScraper
 
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent

@@ -13,12 +13,12 @@ from pathlib import Path
 import psutil
 import pytest
 
-from bakeoff.config import load_config
+from bakeoff.config.compose import load_config
+from bakeoff.config.schema import LoadCfg
 from bakeoff.engines import ServerSpec, get_engine
 from bakeoff.errors import BakeoffError
-from bakeoff.manifest import read_manifest
+from bakeoff.models.manifest import read_manifest
 from bakeoff.proc import ServerStartError
-from bakeoff.schema import LoadCfg
 from bakeoff.stages import serve_load
 
 from conftest import ROOT, Pipeline, _server_pids, bakeoff

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
+from bakeoff.config.sweep import parse_sweep, points_from_snakemake, points_json
 from bakeoff.errors import ConfigError
-from bakeoff.summary_extra import extend
-from bakeoff.sweep import parse_sweep, points_from_snakemake, points_json
+from bakeoff.results.derived import extend
 
 from conftest import ROOT, snakemake
 

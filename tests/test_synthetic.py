@@ -15,12 +15,12 @@ import pytest
 import requests
 from transformers import AutoTokenizer
 
-from bakeoff.config import load_config
+from bakeoff.config.compose import load_config
 from bakeoff.engines import get_engine
 from bakeoff.engines.base import ServerSpec
 from bakeoff.errors import ConfigError
 from bakeoff.loadgen.prompts import make_prompts
-from bakeoff.synthetic import LLAMA2_7B, vocabulary
+from bakeoff.models.synthetic import LLAMA2_7B, vocabulary
 
 from conftest import BIN, ROOT, Pipeline
 

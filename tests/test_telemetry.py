@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from bakeoff.telemetry import (
+from bakeoff.hardware.telemetry import (
     COUNTER_MODULUS,
     GpuWindow,
     TelemetryError,

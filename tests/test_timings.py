@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from bakeoff.timings import markdown, table
+from bakeoff.results.timings import markdown, table
 
 HEADER = "s\th:m:s\tmax_rss\tmax_vms\tmax_uss\tmax_pss\tio_in\tio_out\tmean_load\tcpu_time\n"
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
-from bakeoff.versions import dist_version
+from bakeoff.results.versions import dist_version
 
 from conftest import BIN, ROOT, Pipeline
 

@@ -23,14 +23,14 @@ def _dir(p: str) -> Path:
 
 
 def _cmd_config(a: argparse.Namespace) -> None:
-    from bakeoff.config import config_hash, load_config
+    from bakeoff.config.compose import config_hash, load_config
 
     cfg = load_config(a.overrides)
     print(json.dumps({"config_hash": config_hash(cfg), **cfg.model_dump(mode="json")}, indent=2))
 
 
 def _cmd_verify(a: argparse.Namespace) -> None:
-    from bakeoff.manifest import verify
+    from bakeoff.models.manifest import verify
 
     for p in a.paths:
         m = verify(_dir(p))
@@ -46,8 +46,8 @@ def _cmd_summarize(a: argparse.Namespace) -> None:
         from bakeoff.stages.kernel_bench import join
 
         columns += [c for c in join(records, [Path(p) for p in a.kernel]) if c not in columns]
-    if a.points:  # sweep axes, roofline and published ratios (bakeoff.summary_extra)
-        from bakeoff.summary_extra import extend
+    if a.points:  # sweep axes, roofline and published ratios (bakeoff.results.derived)
+        from bakeoff.results.derived import extend
 
         facts = json.loads(Path(a.hardware).read_text()) if a.hardware else None
         columns += [c for c in extend(records, json.loads(Path(a.points).read_text()),
@@ -57,7 +57,7 @@ def _cmd_summarize(a: argparse.Namespace) -> None:
 
 
 def _cmd_node(a: argparse.Namespace) -> None:
-    from bakeoff import node
+    from bakeoff.stages import node
 
     if a.action == "pack":
         if not a.source or not a.wheels:
@@ -81,9 +81,9 @@ def _cmd_points(a: argparse.Namespace) -> None:
     Recomposed from Snakemake's ``--config`` entries by the same function the
     Snakefile uses, so the rule's params stay short (the entries plus hashes).
     """
-    from bakeoff.artifacts import atomic_write_text
-    from bakeoff.config import find_conf_dir
-    from bakeoff.sweep import points_from_snakemake, points_json
+    from bakeoff.config.compose import find_conf_dir
+    from bakeoff.config.sweep import points_from_snakemake, points_json
+    from bakeoff.models.artifacts import atomic_write_text
 
     smk = json.loads(a.smk_config)
     if not isinstance(smk, dict):
@@ -94,13 +94,13 @@ def _cmd_points(a: argparse.Namespace) -> None:
 
 
 def _cmd_versions(a: argparse.Namespace) -> None:
-    from bakeoff.artifacts import atomic_write_text
-    from bakeoff.versions import collect
+    from bakeoff.models.artifacts import atomic_write_text
+    from bakeoff.results.versions import collect
 
     cfg = json.loads(Path(a.config).read_text())
     first = next(iter(cfg.values()))
     tc = (first["config"]["engines"].get("llamacpp") or {}).get("toolchain")
-    from bakeoff.config import find_conf_dir
+    from bakeoff.config.compose import find_conf_dir
 
     # The git state of the workflow's source (the checkout whose conf/ this run composed), wherever results go.
     v = collect(find_conf_dir().resolve().parent, toolchain_manifest=Path(a.toolchain) if a.toolchain else None,
@@ -130,7 +130,7 @@ def _cmd_dvc_params(a: argparse.Namespace) -> None:
     """Re-compose params.yaml exactly as `dvc exp run` does (DVC's own composer), for `dvc repro`."""
     from dvc.utils.hydra import compose_and_dump
 
-    from bakeoff.config import find_conf_dir, load_config_file
+    from bakeoff.config.compose import find_conf_dir, load_config_file
 
     conf = find_conf_dir()
     compose_and_dump(Path(a.out), str(conf), None, "config", str(conf.parent), list(a.overrides))
@@ -139,26 +139,26 @@ def _cmd_dvc_params(a: argparse.Namespace) -> None:
 
 
 def _cmd_timings(a: argparse.Namespace) -> None:
-    from bakeoff.timings import markdown
+    from bakeoff.results.timings import markdown
 
     print(markdown(Path(a.bench_dir)))
 
 
 def _cmd_check_baselines(a: argparse.Namespace) -> None:
-    from bakeoff.baselines import check
+    from bakeoff.results.baselines import check
 
     for name, b in check(Path(a.summary), Path(a.out)).items():
         print(f"baseline {name} ({', '.join(b['formats'])}): {b['ok']} of {b['cells']} cells ok", file=sys.stderr)
 
 
 def _cmd_dvc_metrics(a: argparse.Namespace) -> None:
-    from bakeoff.metrics_json import write
+    from bakeoff.results.dvc_metrics import write
 
     write(Path(a.summary), Path(a.out))
 
 
 def _cmd_track(a: argparse.Namespace) -> None:
-    from bakeoff.tracking import log_invocation
+    from bakeoff.results.tracking import log_invocation
 
     rec = log_invocation(summary=Path(a.summary), config_json=Path(a.config), versions_json=Path(a.versions),
                          cell_indexes=[Path(p) for p in a.indexes], plots=[Path(p) for p in a.plots],
@@ -215,9 +215,9 @@ def _doctor_text(r: dict, predictions: dict | None = None) -> str:
 
 
 def _cmd_doctor(a: argparse.Namespace) -> None:
-    from bakeoff.config import load_config
-    from bakeoff.doctor import run
+    from bakeoff.config.compose import load_config
     from bakeoff.engines.support import predict, variants_of
+    from bakeoff.hardware.doctor import run
 
     cfg = load_config(a.overrides)
     facts = json.loads(Path(a.facts).read_text()) if a.facts else None
@@ -227,7 +227,7 @@ def _cmd_doctor(a: argparse.Namespace) -> None:
 
 
 def _cmd_llama_bench_compare(a: argparse.Namespace) -> None:
-    from bakeoff.llamabench import COLUMNS, compare, write_csv
+    from bakeoff.results.llamabench import COLUMNS, compare, write_csv
 
     rows = compare(Path(a.bench_json), a.hardware)
     if not rows:
@@ -238,7 +238,7 @@ def _cmd_llama_bench_compare(a: argparse.Namespace) -> None:
 
 
 def _cmd_stage(a: argparse.Namespace) -> None:
-    from bakeoff import schema
+    from bakeoff.config import schema
 
     out = _dir(a.out)
     name = a.stage
@@ -286,14 +286,14 @@ def _cmd_stage(a: argparse.Namespace) -> None:
         build(schema.ToolchainCfg.model_validate_json(a.spec), schema.HardwareCfg.model_validate_json(a.hardware),
               _dir(a.input), _dir(a.toolchain), out)
     elif name == "doctor":
-        from bakeoff.doctor import run as doctor
+        from bakeoff.hardware.doctor import run as doctor
 
         spec = json.loads(a.spec)
         report = doctor(schema.HardwareCfg.model_validate(spec["hardware"]),
                         schema.DoctorCfg.model_validate(spec.get("doctor", {})), Path(a.out))
         print(_doctor_text(report), file=sys.stderr)
     elif name == "serve-load":
-        from bakeoff.doctor import ecc_gate
+        from bakeoff.hardware.doctor import ecc_gate
         from bakeoff.stages.serve_load import run
 
         spec = json.loads(a.spec)
@@ -333,7 +333,7 @@ def build_parser() -> argparse.ArgumentParser:
     d = sub.add_parser("doctor", help="record this node's hardware, capabilities and health (results/hardware.json)")
     d.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. hardware=h200")
     d.add_argument("--out", default="results/hardware.json")
-    d.add_argument("--facts", help="analyze recorded probe facts (python -m bakeoff.doctor OUT.json on the node) "
+    d.add_argument("--facts", help="analyze recorded probe facts (python -m bakeoff.hardware.doctor OUT.json on the node) "
                                    "instead of probing this machine")
     d.set_defaults(func=_cmd_doctor)
 
@@ -351,7 +351,8 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("indexes", nargs="*", help="cells.json of every variant")
     m.add_argument("--out", default="results/summary.csv")
     m.add_argument("--config-hash", default="")
-    m.add_argument("--points", help="results/config.json (sweep points, bakeoff.sweep.points_json): adds axis/roofline columns")
+    m.add_argument("--points", help="results/config.json (sweep points, bakeoff.config.sweep.points_json): "
+                   "adds axis/roofline columns")
     m.add_argument("--published", help="published numbers YAML: adds measured/published ratio columns")
     m.add_argument("--hardware", help="results/hardware.json (the doctor's): predictions, measured CPU bandwidth")
     m.add_argument("--kernel", nargs="*", default=[], help="llama-bench results (kernel_bench rule): kernel columns")

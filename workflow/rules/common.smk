@@ -5,11 +5,11 @@ from pathlib import Path
 
 from snakemake.exceptions import WorkflowError
 
-from bakeoff.config import config_hash
+from bakeoff.config.compose import config_hash
 from bakeoff.engines import get_engine
 from bakeoff.errors import ConfigError
 from bakeoff.layout import toolchain_id
-from bakeoff.sweep import points_from_snakemake
+from bakeoff.config.sweep import points_from_snakemake
 
 # One point per sweep combination (--config sweep="a=1,2"); one point without a sweep.
 # --config composed=params.yaml runs DVC's Hydra-composed config instead (see dvc.yaml).
@@ -28,7 +28,7 @@ MODEL_NAME = CFG.model.name
 
 # GPU rules (doctor, serve_load) ask a cluster for the hardware config's GPUs as a SLURM gres; nothing
 # on CPU configs. Jobs never share GPUs: each serving job takes all of them (and all local cores), and
-# bakeoff.gpu pins its server to explicit device ids (Snakemake's gpu resource would only count them).
+# bakeoff.hardware.gpu pins its server to explicit device ids (Snakemake's gpu resource would only count them).
 GPU_RESOURCES = {"gres": CFG.hardware.slurm_gres} if CFG.hardware.slurm_gres else {}
 
 
@@ -200,6 +200,6 @@ def node_outputs():
     """What the GPU node makes: the doctor's record, every variant's cells, the kernel benchmarks.
 
     Everything downstream of these (summary, samples, plots, pages, MLflow) is bookkeeping for the submit
-    host, which reads them as they come back (bakeoff.node).
+    host, which reads them as they come back (bakeoff.stages.node).
     """
     return [HARDWARE, *cell_indexes(), *kernel_files()]

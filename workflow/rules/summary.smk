@@ -1,5 +1,5 @@
 # results/summary.csv: one row per cell of the experiment (every sweep point), unsupported ones included,
-# plus sweep axes, roofline and measured/published ratios (bakeoff.summary_extra).
+# plus sweep axes, roofline and measured/published ratios (bakeoff.results.derived).
 
 
 rule summary:

@@ -1,5 +1,5 @@
 # MLflow: one job, after the summary and plots, logs the whole invocation (parent run + one run per cell).
-# A single writer (plus a file lock in bakeoff.tracking) keeps the sqlite store consistent under parallel jobs.
+# A single writer (plus a file lock in bakeoff.results.tracking) keeps the sqlite store consistent under parallel jobs.
 
 
 rule track:

@@ -22,10 +22,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from bakeoff.config.schema import EngineCfg, HardwareCfg
 from bakeoff.errors import BakeoffError
-from bakeoff.gpu import server_env
+from bakeoff.hardware.gpu import server_env
 from bakeoff.proc import ManagedProcess, ServerStartError, free_port, tail
-from bakeoff.schema import EngineCfg, HardwareCfg
 
 ENGINES: dict[str, type[Engine]] = {}
 THREAD_CAPS = ("OMP_NUM_THREADS", "GOTO_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS",

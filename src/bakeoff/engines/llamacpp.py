@@ -5,13 +5,13 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from bakeoff.config.schema import HardwareCfg
 from bakeoff.engines.base import Engine, register
 from bakeoff.engines.flags import settings_to_flags
 from bakeoff.engines.toolchain import toolchain_bin
 from bakeoff.errors import BakeoffError
 from bakeoff.layout import GGUF_NAME
-from bakeoff.manifest import read_manifest
-from bakeoff.schema import HardwareCfg
+from bakeoff.models.manifest import read_manifest
 
 
 @register

@@ -19,7 +19,7 @@ from bakeoff.engines.base import Engine, register
 from bakeoff.engines.toolchain import library_dir
 from bakeoff.errors import BakeoffError
 from bakeoff.layout import BINDING_SITE, GGUF_NAME
-from bakeoff.manifest import read_manifest
+from bakeoff.models.manifest import read_manifest
 
 
 def _value(v: Any) -> str:

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from bakeoff.config.schema import Config
 from bakeoff.engines.base import get_engine
 from bakeoff.layout import variant_name
-from bakeoff.schema import Config
 
 
 def variants_of(cfg: Config) -> list[tuple[str, str, str, str]]:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from bakeoff.errors import ToolchainError
 from bakeoff.layout import LIBLLAMA, tool_path
-from bakeoff.manifest import read_manifest, sha256_file
+from bakeoff.models.manifest import read_manifest, sha256_file
 
 
 def toolchain_bin(toolchain_dir: Path, tool: str) -> Path:

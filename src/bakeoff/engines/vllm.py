@@ -17,10 +17,10 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from bakeoff.config.schema import EngineCfg, HardwareCfg
 from bakeoff.engines.base import Engine, engine_error_line, register
 from bakeoff.engines.flags import settings_to_flags
-from bakeoff.gpu import docker_gpu_args
-from bakeoff.schema import EngineCfg, HardwareCfg
+from bakeoff.hardware.gpu import docker_gpu_args
 
 CONTAINER_MODEL_DIR = "/model"
 # The kernel a per-tensor FP8 checkpoint needs at its first forward pass, called the way vLLM calls it.

@@ -12,7 +12,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from bakeoff.artifacts import atomic_write_text
+from bakeoff.models.artifacts import atomic_write_text
 from bakeoff.report.plots import read_summary
 
 STYLE = """<style>body{font-family:sans-serif;font-size:13px}table{border-collapse:collapse}

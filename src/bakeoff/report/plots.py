@@ -22,8 +22,8 @@ import matplotlib
 matplotlib.use("Agg")  # headless: never needs a display
 import matplotlib.pyplot as plt  # noqa: E402
 
-from bakeoff.artifacts import staged_dir  # noqa: E402
 from bakeoff.layout import row_cell_name, row_variant_key, variant_name, variant_of  # noqa: E402
+from bakeoff.models.artifacts import staged_dir  # noqa: E402
 
 PLOTS = ["throughput_vs_concurrency.png", "ttft.png", "tpot.png", "quality_vs_speed.png", "roofline.png"]
 QUALITY = ["ppl", "accuracy", "ppl_delta_vs_fp16", "kl_vs_fp16"]

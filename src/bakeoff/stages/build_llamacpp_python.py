@@ -17,11 +17,11 @@ import subprocess
 import sys
 from pathlib import Path
 
-from bakeoff.artifacts import staged_dir
+from bakeoff.config.schema import HardwareCfg, ToolchainCfg
 from bakeoff.errors import ToolchainError
 from bakeoff.layout import BINDING_SITE, LIBLLAMA, SOURCE_ARCHIVE, backend_tag
-from bakeoff.manifest import sha256_file, verify, write_manifest
-from bakeoff.schema import HardwareCfg, ToolchainCfg
+from bakeoff.models.artifacts import staged_dir
+from bakeoff.models.manifest import sha256_file, verify, write_manifest
 
 BINDING_CMAKE_ARGS = ["-DLLAMA_BUILD=OFF", "-DLLAVA_BUILD=OFF"]  # the Python package only: no C++ compiled here
 

@@ -11,7 +11,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from bakeoff.artifacts import atomic_write_text
+from bakeoff.models.artifacts import atomic_write_text
 
 
 def collect(paths: list[Path], out: Path) -> None:

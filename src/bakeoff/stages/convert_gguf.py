@@ -13,11 +13,11 @@ import subprocess
 import sys
 from pathlib import Path
 
-from bakeoff.artifacts import staged_dir
 from bakeoff.errors import ToolchainError
 from bakeoff.layout import GGUF_NAME
-from bakeoff.manifest import read_manifest, verify, write_manifest
-from bakeoff.weights import gguf_stats
+from bakeoff.models.artifacts import staged_dir
+from bakeoff.models.manifest import read_manifest, verify, write_manifest
+from bakeoff.models.weights import gguf_stats
 
 
 def _synthetic_f16(src: dict, src_dir: Path, out_dir: Path, outtype: str, fmt: str) -> None:
@@ -31,7 +31,7 @@ def _synthetic_f16(src: dict, src_dir: Path, out_dir: Path, outtype: str, fmt: s
             shutil.copy2(src_dir / GGUF_NAME, stage / GGUF_NAME)
         write_manifest(stage, kind="model-format", model=src["model"], format=fmt, source=src["source"],
                        derived_from=f"source ({src['derived_from']})",
-                       tool={"name": "bakeoff.synthetic", "version": "F16 as written"}, gguf_type="F16",
+                       tool={"name": "bakeoff.models.synthetic", "version": "F16 as written"}, gguf_type="F16",
                        **gguf_stats(stage / GGUF_NAME))
 
 

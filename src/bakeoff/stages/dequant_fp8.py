@@ -10,11 +10,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from bakeoff.artifacts import staged_dir
 from bakeoff.errors import BakeoffError
-from bakeoff.hfmodel import drop_quantizer, strip_quant_params
-from bakeoff.manifest import verify, write_manifest
-from bakeoff.weights import safetensors_stats
+from bakeoff.models.artifacts import staged_dir
+from bakeoff.models.hfmodel import drop_quantizer, strip_quant_params
+from bakeoff.models.manifest import verify, write_manifest
+from bakeoff.models.weights import safetensors_stats
 
 
 def dequantize(src_dir: Path, out_dir: Path, fmt: str = "fp8-dequant") -> None:

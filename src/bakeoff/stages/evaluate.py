@@ -23,10 +23,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bakeoff.artifacts import atomic_write_text
+from bakeoff.config.schema import EvalCfg
 from bakeoff.layout import QUALITY_FILE, TOPK_FILE
+from bakeoff.models.artifacts import atomic_write_text
 from bakeoff.quality import canary, lmeval, localdata, topk
-from bakeoff.schema import EvalCfg
 
 
 def eval_hash(eval_cfg: EvalCfg, route: dict[str, Any], artifact_sha: str | None) -> str:

@@ -16,11 +16,11 @@ import tarfile
 import tempfile
 from pathlib import Path
 
-from bakeoff.artifacts import staged_dir
+from bakeoff.config.schema import ToolchainCfg
 from bakeoff.errors import ToolchainError
 from bakeoff.layout import SOURCE_ARCHIVE
-from bakeoff.manifest import sha256_file, write_manifest
-from bakeoff.schema import ToolchainCfg
+from bakeoff.models.artifacts import staged_dir
+from bakeoff.models.manifest import sha256_file, write_manifest
 
 TREE = "llama.cpp"
 

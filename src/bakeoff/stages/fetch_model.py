@@ -11,7 +11,7 @@ Two sources:
   The installed package version must match the config, and the file's sha256
   must match the config when one is pinned.
 * ``synthetic`` -- an F16 GGUF of random weights in a real architecture's
-  exact shape, plus its tokenizer (:mod:`bakeoff.synthetic`): for nodes that
+  exact shape, plus its tokenizer (:mod:`bakeoff.models.synthetic`): for nodes that
   cannot download anything; speed rows only, never quality.
 """
 
@@ -22,10 +22,10 @@ import os
 import shutil
 from pathlib import Path
 
-from bakeoff.artifacts import staged_dir
+from bakeoff.config.schema import ModelCfg
 from bakeoff.errors import ModelSourceError
-from bakeoff.manifest import sha256_file, write_manifest
-from bakeoff.schema import ModelCfg
+from bakeoff.models.artifacts import staged_dir
+from bakeoff.models.manifest import sha256_file, write_manifest
 
 
 def _link_or_copy(src: Path, dst: Path) -> None:
@@ -104,7 +104,7 @@ def fetch_hub(model: ModelCfg, stage: Path, cache_dir: Path | None = None) -> di
 
 
 def fetch_synthetic(model: ModelCfg, stage: Path) -> dict:
-    from bakeoff.synthetic import write_source
+    from bakeoff.models.synthetic import write_source
 
     shape = model.synthetic
     assert shape is not None

@@ -6,7 +6,7 @@ llama-bench runs the same GGUF through the same build with nothing around it,
 so ``served_over_kernel`` (a row's concurrency-1 output tok/s over tg128)
 isolates the serving overhead, and ``kernel_tg_tok_s`` over the roofline the
 kernels'. It runs with the server's own flash-attention setting and every
-layer on the GPUs (as bakeoff.gpu offloads the server), on the node that
+layer on the GPUs (as bakeoff.hardware.gpu offloads the server), on the node that
 serves, as a DAG rule beside serve_load (both take the whole node).
 
 The artifact is llama-bench's own ``-o json`` records plus the exact command,
@@ -22,15 +22,15 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from bakeoff.artifacts import atomic_write_text
+from bakeoff.config.schema import HardwareCfg
 from bakeoff.engines.base import THREAD_CAPS
 from bakeoff.engines.toolchain import toolchain_bin
 from bakeoff.errors import ToolchainError
-from bakeoff.gpu import server_env
+from bakeoff.hardware.gpu import server_env
 from bakeoff.layout import GGUF_NAME
-from bakeoff.llamabench import parse_records
-from bakeoff.manifest import read_manifest, verify
-from bakeoff.schema import HardwareCfg
+from bakeoff.models.artifacts import atomic_write_text
+from bakeoff.models.manifest import read_manifest, verify
+from bakeoff.results.llamabench import parse_records
 
 PROMPT_TOKENS = 512
 GEN_TOKENS = 128

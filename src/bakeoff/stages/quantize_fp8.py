@@ -13,10 +13,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from bakeoff.artifacts import staged_dir
 from bakeoff.errors import BakeoffError
-from bakeoff.manifest import verify, write_manifest
-from bakeoff.weights import safetensors_stats
+from bakeoff.models.artifacts import staged_dir
+from bakeoff.models.manifest import verify, write_manifest
+from bakeoff.models.weights import safetensors_stats
 
 
 def quantize(src_dir: Path, out_dir: Path, scheme: str | dict = "FP8_DYNAMIC", ignore: list[str] | None = None,

@@ -6,12 +6,12 @@ import subprocess
 import sys
 from pathlib import Path
 
-from bakeoff.artifacts import staged_dir
 from bakeoff.engines.toolchain import toolchain_bin
 from bakeoff.errors import ToolchainError
 from bakeoff.layout import GGUF_NAME
-from bakeoff.manifest import read_manifest, verify, write_manifest
-from bakeoff.weights import gguf_stats
+from bakeoff.models.artifacts import staged_dir
+from bakeoff.models.manifest import read_manifest, verify, write_manifest
+from bakeoff.models.weights import gguf_stats
 
 
 def quantize(src_dir: Path, toolchain_dir: Path, out_dir: Path, gguf_type: str, fmt: str, threads: int = 0) -> None:

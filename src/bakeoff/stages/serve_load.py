@@ -41,22 +41,22 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bakeoff.artifacts import atomic_write_text
-from bakeoff.cellwindow import MeasuredWindow
+from bakeoff.config.schema import EngineCfg, EvalCfg, HardwareCfg, LoadCfg
 from bakeoff.engines import ServerSpec, get_engine
 from bakeoff.engines.base import Engine
 from bakeoff.errors import BakeoffError
+from bakeoff.hardware.memory import PeakSampler
 from bakeoff.layout import CELLS_INDEX, EVAL_SERVER_LOG, SAMPLES_FILE, SERVER_LOG, cell_name, variant_name
+from bakeoff.loadgen.cellwindow import MeasuredWindow
 from bakeoff.loadgen.metrics import summarize
 from bakeoff.loadgen.prompts import make_prompts
 from bakeoff.loadgen.runner import run_cell
-from bakeoff.manifest import verify
-from bakeoff.memory import PeakSampler
+from bakeoff.models.artifacts import atomic_write_text
+from bakeoff.models.manifest import verify
 from bakeoff.proc import ServerStartError
 from bakeoff.quality import lmeval
 from bakeoff.quality.canary import CanaryError
 from bakeoff.quality.samples import generate
-from bakeoff.schema import EngineCfg, EvalCfg, HardwareCfg, LoadCfg
 from bakeoff.stages import evaluate
 
 

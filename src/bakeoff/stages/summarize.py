@@ -15,10 +15,10 @@ import json
 from pathlib import Path
 from typing import Any
 
-from bakeoff.artifacts import atomic_write_text
+from bakeoff.hardware.telemetry import COLUMNS as TELEMETRY_COLUMNS
+from bakeoff.loadgen.scrape import COLUMNS as SCRAPE_COLUMNS
+from bakeoff.models.artifacts import atomic_write_text
 from bakeoff.quality.compare import QUALITY_COLUMNS, quality_columns
-from bakeoff.scrape import COLUMNS as SCRAPE_COLUMNS
-from bakeoff.telemetry import COLUMNS as TELEMETRY_COLUMNS
 
 COLUMNS = [
     "experiment", "model", "engine", "engine_version", "format", "hardware",

@@ -14,11 +14,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from bakeoff.artifacts import staged_dir
 from bakeoff.errors import ModelSourceError
-from bakeoff.hfmodel import drop_quantizer
-from bakeoff.manifest import verify, write_manifest
-from bakeoff.weights import safetensors_stats
+from bakeoff.models.artifacts import staged_dir
+from bakeoff.models.hfmodel import drop_quantizer
+from bakeoff.models.manifest import verify, write_manifest
+from bakeoff.models.weights import safetensors_stats
 
 
 def _load(source_dir: Path, source: dict):

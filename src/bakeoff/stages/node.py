@@ -40,7 +40,7 @@ import time
 from pathlib import Path
 
 from bakeoff.errors import BakeoffError
-from bakeoff.manifest import read_manifest, verify, write_manifest
+from bakeoff.models.manifest import read_manifest, verify, write_manifest
 
 # Parts of the llama.cpp tree no target of bakeoff's builds reads (paths relative to llama.cpp/).
 TRIM = ["models/*", "docs/*", "benches/*", "tests/*", "examples/*", "media/*", "ci/*",
@@ -233,7 +233,7 @@ def record(tarball: Path, out: Path, log_lines: int = 3) -> dict[str, Path]:
 
 def format_table(cells: list[dict], kernels: list[dict], bandwidth_gbs: float) -> str:
     """Per format: served c=1 tok/s (prompt 128), llama-bench tg128, the decode roofline, J/token."""
-    from bakeoff.roofline import decode_ceiling
+    from bakeoff.results.roofline import decode_ceiling
 
     tg = {k["format"]: k["tg128_tok_s"] for k in kernels}
     lines = ["| format | requests (c=1) | served tok/s (c=1, p128) | kernel tg128 tok/s | roofline tok/s "

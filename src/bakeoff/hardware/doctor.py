@@ -37,12 +37,12 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from bakeoff.artifacts import atomic_write_text
-from bakeoff.cpuflags import cpu_model_name, read_cpu_flags
 from bakeoff.errors import BakeoffError
+from bakeoff.hardware.cpuflags import cpu_model_name, read_cpu_flags
+from bakeoff.models.artifacts import atomic_write_text
 
 if TYPE_CHECKING:  # the probe also runs standalone on a bare GPU node (no pydantic there)
-    from bakeoff.schema import DoctorCfg, HardwareCfg
+    from bakeoff.config.schema import DoctorCfg, HardwareCfg
 
 SCHEMA = 1
 TOPO_LEVELS = {0: "X", 10: "PIX", 20: "PXB", 30: "PHB", 40: "NODE", 50: "SYS"}  # nvidia-smi topo -m labels
@@ -295,7 +295,7 @@ def ecc_gate(hw: HardwareCfg, doctor: DoctorCfg) -> None:
                           "Override with doctor.allow_uncorrected_ecc=true")
 
 
-if __name__ == "__main__":  # python -m bakeoff.doctor OUT.json: the probe alone (what fixtures record)
+if __name__ == "__main__":  # python -m bakeoff.hardware.doctor OUT.json: the probe alone (what fixtures record)
     import sys
 
     atomic_write_text(Path(sys.argv[1]), json.dumps(probe(), indent=2) + "\n")

@@ -22,7 +22,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
 
 from bakeoff.errors import ConfigError
 
-DEFAULT_PATH = Path(__file__).resolve().parents[2] / "data" / "published_numbers.yaml"
+DEFAULT_PATH = Path(__file__).resolve().parents[3] / "data" / "published_numbers.yaml"
 
 
 class Source(BaseModel):

@@ -13,7 +13,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from bakeoff import published, roofline
+from bakeoff.results import published
+
+from bakeoff.results import roofline
 from bakeoff.engines.support import predict
 from bakeoff.errors import BakeoffError
 from bakeoff.layout import variant_name
@@ -60,7 +62,7 @@ def extend(rows: list[dict[str, Any]], points: Mapping[str, Any], published_path
     """Add the extra columns to every row in place; returns their names, in order.
 
     ``points`` maps experiment (sweep point) name -> ``{sweep, overrides, config_hash,
-    hardware, engines}`` as :func:`bakeoff.sweep.points_json` writes it.
+    hardware, engines}`` as :func:`bakeoff.config.sweep.points_json` writes it.
     """
     cols = [*AXIS_COLUMNS, *DOCTOR_COLUMNS, *roofline.COLUMNS]
     for r in rows:

@@ -21,7 +21,7 @@ What is written (``models/<model>/source/``):
   "128-token prompt" is 128 tokens to llama-server too.
 
 This module imports only numpy, gguf and tokenizers (no bakeoff config), so it
-also runs standalone on a bare GPU node: ``python -m bakeoff.synthetic --help``.
+also runs standalone on a bare GPU node: ``python -m bakeoff.models.synthetic --help``.
 """
 
 from __future__ import annotations
@@ -208,7 +208,7 @@ def write_source(shape: Shape, out_dir: Path, name: str) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m bakeoff.synthetic", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m bakeoff.models.synthetic", description=__doc__.splitlines()[0])
     p.add_argument("--out", required=True, type=Path, help="output directory (model.gguf + tokenizer files)")
     p.add_argument("--name", default="llama2-7b-synthetic")
     p.add_argument("--shape", default="llama2-7b", choices=["llama2-7b"])

@@ -1,7 +1,7 @@
 """What a load cell records besides the client's view, over exactly its measured window.
 
-One object starts the GPU telemetry (bakeoff.telemetry) and the server-metrics
-scrape (bakeoff.scrape) right before the first measured request and stops them
+One object starts the GPU telemetry (bakeoff.hardware.telemetry) and the server-metrics
+scrape (bakeoff.loadgen.scrape) right before the first measured request and stops them
 right after the last, so warm-up and model load never enter the energy,
 utilization or queue peaks. The serve-load stage wires it to the load runner's
 window hooks and merges :meth:`MeasuredWindow.columns` into the cell's record.
@@ -13,8 +13,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from bakeoff.engines.base import Engine
-from bakeoff.scrape import MetricsScraper
-from bakeoff.telemetry import GpuWindow
+from bakeoff.hardware.telemetry import GpuWindow
+from bakeoff.loadgen.scrape import MetricsScraper
 
 
 @dataclass

@@ -15,7 +15,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from bakeoff.artifacts import atomic_write_text
+from bakeoff.models.artifacts import atomic_write_text
 from bakeoff.layout import row_cell_name, variant_name
 
 HEADLINE = ["output_throughput", "request_throughput", "median_ttft_ms", "p99_ttft_ms", "median_tpot_ms",

@@ -32,9 +32,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bakeoff.config import _hydra_value, config_hash, load_config, load_config_file, overrides_from_snakemake
+from bakeoff.config.compose import _hydra_value, config_hash, load_config, load_config_file, overrides_from_snakemake
+from bakeoff.config.schema import Config
 from bakeoff.errors import ConfigError
-from bakeoff.schema import Config
 
 # Keys of `snakemake --config` that are not Hydra overrides.
 SWEEP_KEY = "sweep"

@@ -14,7 +14,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, PositiveFloat, PositiveInt, model_validator
 
 from bakeoff.errors import BakeoffError
-from bakeoff.synthetic import Shape
+from bakeoff.models.synthetic import Shape
 
 SLUG = r"^[a-z0-9][a-z0-9_.-]*$"
 ENGINE_NAME = r"^[a-z0-9]+$"  # no '-' or '_': paths read "<engine>-<format>"
@@ -35,7 +35,7 @@ class ModelCfg(_Strict):
     name: str = Field(pattern=SLUG)
     source: Literal["embedded", "hub", "synthetic"]
     embedded: EmbeddedSource | None = None
-    synthetic: Shape | None = None  # bakeoff.synthetic's dataclass, validated by pydantic
+    synthetic: Shape | None = None  # bakeoff.models.synthetic's dataclass, validated by pydantic
     upstream: str | None = None
     repo_id: str | None = None
     revision: str | None = None

@@ -5,7 +5,7 @@ summing every GPU (what ``memory.gpu_used_bytes`` does) charges a cell for its
 neighbours. So the devices are the server's ``CUDA_VISIBLE_DEVICES``, mapped to
 NVML handles by UUID: CUDA and NVML number GPUs differently unless
 ``CUDA_DEVICE_ORDER=PCI_BUS_ID`` (which bakeoff sets for every server, see
-``bakeoff.gpu``), and UUID entries name a device whatever the order.
+``bakeoff.hardware.gpu``), and UUID entries name a device whatever the order.
 
 Energy comes from NVML's total-energy counter (millijoules since the driver
 loaded), read right before the first measured request and right after the

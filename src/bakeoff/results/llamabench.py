@@ -17,7 +17,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from bakeoff import published
+from bakeoff.results import published
 
 # Datasheet HBM bandwidth, GB/s, of the scoreboard's GPUs and ours (for the plausibility column).
 BANDWIDTH_GBS = {"v100": 900.0, "a100": 2039.0, "h100": 3350.0, "rtx4090": 1008.0, "h200": 4800.0}

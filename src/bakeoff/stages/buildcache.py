@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from bakeoff.errors import ManifestError
-from bakeoff.manifest import MANIFEST, read_manifest, verify
+from bakeoff.models.manifest import MANIFEST, read_manifest, verify
 
 KEY_FIELD = "cache_key"
 

@@ -13,7 +13,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from bakeoff.artifacts import atomic_write_text
+from bakeoff.models.artifacts import atomic_write_text
 from bakeoff.errors import BakeoffError
 
 SIXTEEN_BITS = 15.5  # bits per weight of a 16-bit format (the quality reference's threshold too)

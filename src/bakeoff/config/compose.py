@@ -21,8 +21,8 @@ from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 from pydantic import ValidationError
 
+from bakeoff.config.schema import Config
 from bakeoff.errors import ConfigError
-from bakeoff.schema import Config
 
 
 def find_conf_dir(start: Path | None = None) -> Path:

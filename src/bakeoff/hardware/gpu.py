@@ -18,8 +18,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from bakeoff.config.schema import HardwareCfg
 from bakeoff.errors import ConfigError
-from bakeoff.schema import HardwareCfg
 
 MULTICAST_OFF = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
 
@@ -52,7 +52,7 @@ def server_env(hw: HardwareCfg, environ: Mapping[str, str]) -> dict[str, str]:
     if hw.backend == "cuda":
         env["CUDA_VISIBLE_DEVICES"] = ",".join(visible_devices(hw, environ))
         # Number GPUs as NVML and nvidia-smi do (PCI bus order), so a device index means one GPU everywhere
-        # (bakeoff.telemetry maps the server's devices to NVML handles through it).
+        # (bakeoff.hardware.telemetry maps the server's devices to NVML handles through it).
         env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
     return env
 

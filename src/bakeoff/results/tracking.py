@@ -17,7 +17,7 @@ What is logged:
 * parent run: the invocation's summary, resolved config, versions and plots;
   per-variant series ``<engine>-<format>.p<prompt>.<metric>`` with step =
   concurrency, so the UI charts throughput against concurrency.
-* tags on both: the pinned versions (:mod:`bakeoff.versions`), git sha and
+* tags on both: the pinned versions (:mod:`bakeoff.results.versions`), git sha and
   dirty flag, model revision and sha256, config hash.
 """
 
@@ -33,7 +33,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from bakeoff.artifacts import atomic_write_text
+from bakeoff.models.artifacts import atomic_write_text
 from bakeoff.errors import BakeoffError
 from bakeoff.layout import SERVER_LOG, row_cell_name, row_variant_key, variant_of
 

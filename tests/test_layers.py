@@ -1,0 +1,103 @@
+"""The house plan: each part of bakeoff imports only parts below it (or beside it).
+
+Why a test: the folder layout shows the architecture only while imports keep to
+it; one import that runs back up (an engine reaching into a stage for a path)
+makes every lower layer depend on everything. The test reads the imports of
+every module (``ast``, nothing is imported), module-level and inside functions.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+SRC = Path(__file__).resolve().parents[1] / "src" / "bakeoff"
+
+# Lowest first. A module may import its own layer or any lower one.
+LAYERS: list[set[str]] = [
+    {"errors", "layout", "proc"},  # what every part needs: errors, the path grammar, processes
+    {"models"},  # artifacts on disk: manifests, weights, model sources
+    {"config"},  # the typed, composed config
+    {"hardware"},  # what the machine is and what it measured
+    {"engines", "loadgen", "quality"},  # serving, loading and scoring a variant
+    {"results", "report"},  # what the numbers mean and how they are shown
+    {"stages"},  # one DAG rule each: the order of events
+    {"cli"},
+]
+# Calls (inside functions, never at import time) from a lower layer into a higher one, each with its reason.
+ALLOWED_CALLS_UP = {
+    # Config validation asks each engine its own rules (context, plugin name, config problems).
+    ("config", "engines"),
+}
+
+
+def _part(module: str) -> str:
+    """``bakeoff.engines.base`` -> ``engines``; ``bakeoff.cli`` -> ``cli``."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else ""
+
+
+def _rank(part: str) -> int:
+    for i, layer in enumerate(LAYERS):
+        if part in layer:
+            return i
+    raise AssertionError(f"bakeoff.{part} is in no layer: add it to LAYERS in {__file__}")
+
+
+def _module_name(path: Path) -> str:
+    rel = path.relative_to(SRC.parent).with_suffix("")
+    parts = list(rel.parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def _imports(tree: ast.Module) -> list[tuple[str, bool]]:
+    """(imported bakeoff module, imported at module level?) for every import in the file."""
+    top = {id(n) for n in tree.body}
+    for n in tree.body:  # `if TYPE_CHECKING:` and try/except blocks still run (or type-check) at import
+        if isinstance(n, (ast.If, ast.Try)):
+            top |= {id(c) for c in ast.walk(n)}
+    out = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names = [node.module] if node.module != "bakeoff" else [f"bakeoff.{a.name}" for a in node.names]
+        elif isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        else:
+            continue
+        out += [(n, id(node) in top) for n in names if n.startswith("bakeoff.")]
+    return out
+
+
+def violations() -> list[str]:
+    found = []
+    for path in sorted(SRC.rglob("*.py")):
+        me = _module_name(path)
+        mine = _part(me)
+        if not mine:  # bakeoff/__init__.py
+            continue
+        for target, at_import in _imports(ast.parse(path.read_text(), str(path))):
+            theirs = _part(target)
+            if _rank(theirs) <= _rank(mine):
+                continue
+            if not at_import and (mine, theirs) in ALLOWED_CALLS_UP:
+                continue
+            found.append(f"{me} imports {target} ({mine} is below {theirs})")
+    return found
+
+
+def test_no_lower_layer_imports_a_higher_one() -> None:
+    assert violations() == []
+
+
+def test_at_most_five_modules_at_the_top() -> None:
+    top = sorted(p.stem for p in SRC.glob("*.py"))
+    assert len(top) <= 5, top
+    assert {p.name for p in SRC.iterdir() if p.is_dir() and (p / "__init__.py").exists()} <= set().union(*LAYERS)
+
+
+def test_the_check_catches_an_engine_importing_a_stage() -> None:
+    tree = ast.parse("from bakeoff.stages.build_llamacpp import toolchain_bin\n")
+    (target, at_import), = _imports(tree)
+    assert at_import and _rank(_part(target)) > _rank("engines")
