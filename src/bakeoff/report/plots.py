@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import csv
 import json
-import math
 from collections import defaultdict
 from collections.abc import Iterable
 from pathlib import Path
@@ -24,6 +23,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 from bakeoff.layout import row_cell_name, row_variant_key, variant_name, variant_of  # noqa: E402
 from bakeoff.models.artifacts import staged_dir  # noqa: E402
+from bakeoff.results.numbers import number as num  # noqa: E402
 
 PLOTS = ["throughput_vs_concurrency.png", "ttft.png", "tpot.png", "quality_vs_speed.png", "roofline.png"]
 QUALITY = ["ppl", "accuracy", "ppl_delta_vs_fp16", "kl_vs_fp16"]
@@ -34,14 +34,6 @@ def read_summary(path: Path) -> list[dict[str, str]]:
         return list(csv.DictReader(f))
 
 
-def num(v: Any) -> float | None:
-    if v is None or v == "":
-        return None
-    try:
-        f = float(v)
-    except (TypeError, ValueError):
-        return None
-    return f if math.isfinite(f) else None
 
 
 def variant(r: dict[str, str]) -> str:

@@ -17,17 +17,12 @@ from typing import Any
 
 from bakeoff.models.artifacts import atomic_write_text
 from bakeoff.layout import row_cell_name, variant_name
+from bakeoff.results.numbers import number
 
 HEADLINE = ["output_throughput", "request_throughput", "median_ttft_ms", "p99_ttft_ms", "median_tpot_ms",
             "decode_tok_s", "decode_efficiency_pct", "ppl", "ppl_delta_vs_fp16", "kl_vs_fp16", "accuracy"]
 
 
-def _num(v: str | None) -> float | None:
-    try:
-        f = float(v) if v not in (None, "") else None
-    except ValueError:
-        return None
-    return f if f is not None and math.isfinite(f) else None
 
 
 def metrics(summary: Path) -> dict[str, Any]:
@@ -37,7 +32,7 @@ def metrics(summary: Path) -> dict[str, Any]:
     for r in rows:
         cell = row_cell_name(r)
         keys = [k for k in r if k in HEADLINE or k.endswith("_vs_published")]
-        vals = {k: v for k in keys if (v := _num(r.get(k))) is not None}
+        vals = {k: v for k in keys if (v := number(r.get(k))) is not None}
         vals["ok"] = int(r.get("status") == "ok")
         out.setdefault(r["experiment"], {}).setdefault(variant_name(r["engine"], r["format"]), {})[cell] = vals
     return out

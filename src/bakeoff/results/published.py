@@ -21,6 +21,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
 
 from bakeoff.errors import ConfigError
+from bakeoff.results.numbers import number
 
 DEFAULT_PATH = Path(__file__).resolve().parents[3] / "data" / "published_numbers.yaml"
 
@@ -137,14 +138,6 @@ def matches(pub: Row, row: Mapping[str, Any]) -> bool:
     return bool(pub.match) and all(_same(_cell_value(row, k), v) for k, v in pub.match.items())
 
 
-def _num(v: Any) -> float | None:
-    if v is None or v == "":
-        return None
-    try:
-        f = float(v)
-    except (TypeError, ValueError):
-        return None
-    return f if f == f else None
 
 
 def derive(rows: list[dict[str, Any]]) -> list[str]:
@@ -159,10 +152,10 @@ def derive(rows: list[dict[str, Any]]) -> list[str]:
     refs: dict[tuple, float] = {}
     for fmt in ("f16", "fp16"):  # fp16 wins: written last
         for r in rows:
-            if r.get("format") == fmt and (p := _num(r.get("ppl"))) is not None:
+            if r.get("format") == fmt and (p := number(r.get("ppl"), finite=False)) is not None:
                 refs[(r.get("experiment"), r.get("model"))] = p
     for r in rows:
-        p = _num(r.get("ppl"))
+        p = number(r.get("ppl"), finite=False)
         ref = refs.get((r.get("experiment"), r.get("model")))
         r["ppl_abs_delta_vs_fp16"] = p - ref if p is not None and ref is not None else ""
     return ["ppl_abs_delta_vs_fp16"]
@@ -192,7 +185,7 @@ def compare(rows: list[dict[str, Any]], pub: Published) -> list[str]:
                 continue
             refs.append(m.id)
             r[f"published_{m.metric}"] = m.reference
-            measured = _num(r.get(m.metric))
+            measured = number(r.get(m.metric), finite=False)
             if measured is not None and m.reference:
                 r[f"{m.metric}_vs_published"] = measured / m.reference
         r["published_refs"] = " ".join(refs)

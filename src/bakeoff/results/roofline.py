@@ -35,25 +35,18 @@ from collections.abc import Mapping
 from typing import Any
 
 from bakeoff.engines import get_engine
+from bakeoff.results.numbers import number
 
 COLUMNS = ["decode_tok_s", "mem_bandwidth_gbs", "decode_ceiling_tok_s", "decode_ceiling_aggregate_tok_s",
            "decode_efficiency_pct"]
 
 
-def _num(v: Any) -> float | None:
-    if v is None or v == "":
-        return None
-    try:
-        f = float(v)
-    except (TypeError, ValueError):
-        return None
-    return f if f == f else None  # NaN -> None
 
 
 def effective_bandwidth_gbs(hardware: Mapping[str, Any], engine_plugin: str | None,
                             engine_settings: Mapping[str, Any] | None) -> float | None:
     """Bandwidth that feeds one decode step (GB/s), or None when the hardware config has none."""
-    bw = _num(hardware.get("mem_bandwidth_gbs"))
+    bw = number(hardware.get("mem_bandwidth_gbs"), finite=False)
     if bw is None:
         return None
     shards = get_engine(engine_plugin).weight_shards(hardware, engine_settings or {}) if engine_plugin else 1
@@ -80,23 +73,23 @@ def row_columns(row: Mapping[str, Any], hardware: Mapping[str, Any], engine_plug
                 engine_settings: Mapping[str, Any] | None) -> dict[str, Any]:
     """The roofline columns of one summary row (empty strings where an input is missing)."""
     out: dict[str, Any] = dict.fromkeys(COLUMNS, "")
-    tpot = _num(row.get("median_tpot_ms"))
+    tpot = number(row.get("median_tpot_ms"), finite=False)
     if tpot and tpot > 0:
         out["decode_tok_s"] = 1000.0 / tpot
     bw = effective_bandwidth_gbs(hardware, engine_plugin, engine_settings)
-    w = _num(row.get("weight_bytes"))
+    w = number(row.get("weight_bytes"), finite=False)
     if bw is None or not w or w <= 0:
         return out
     out["mem_bandwidth_gbs"] = bw
     ceil = decode_ceiling(bw, w)
     out["decode_ceiling_tok_s"] = ceil
-    c = _num(row.get("concurrency"))
+    c = number(row.get("concurrency"), finite=False)
     if c:
         gpus = max(1, int(hardware.get("gpus") or 0))
-        peak = _num(hardware.get("peak_tflops_fp16"))
+        peak = number(hardware.get("peak_tflops_fp16"), finite=False)
         shards = bw / float(hardware["mem_bandwidth_gbs"])  # GPUs working in parallel on one step
         out["decode_ceiling_aggregate_tok_s"] = aggregate_ceiling(
-            bw, w, int(c), peak * min(shards, gpus) if peak else None, _num(row.get("n_params")))
+            bw, w, int(c), peak * min(shards, gpus) if peak else None, number(row.get("n_params"), finite=False))
     if out["decode_tok_s"] != "":
         out["decode_efficiency_pct"] = 100.0 * out["decode_tok_s"] / ceil
     return out

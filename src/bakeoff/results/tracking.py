@@ -36,6 +36,7 @@ from typing import Any
 from bakeoff.models.artifacts import atomic_write_text
 from bakeoff.errors import BakeoffError
 from bakeoff.layout import SERVER_LOG, row_cell_name, row_variant_key, variant_of
+from bakeoff.results.numbers import number
 
 # summary columns that identify a cell rather than measure it (never metrics)
 ID_COLUMNS = {"experiment", "model", "engine", "engine_version", "format", "hardware", "status", "reason",
@@ -64,18 +65,10 @@ def store_lock(uri: str, root: Path) -> Iterator[None]:
             fcntl.flock(f, fcntl.LOCK_UN)
 
 
-def _num(v: Any) -> float | None:
-    if v is None or v == "":
-        return None
-    try:
-        f = float(v)
-    except (TypeError, ValueError):
-        return None
-    return f if math.isfinite(f) else None
 
 
 def numeric_columns(row: Mapping[str, str]) -> dict[str, float]:
-    return {k: f for k, v in row.items() if k not in ID_COLUMNS and (f := _num(v)) is not None}
+    return {k: f for k, v in row.items() if k not in ID_COLUMNS and (f := number(v)) is not None}
 
 
 def _flatten(d: Any, prefix: str) -> dict[str, str]:
@@ -145,7 +138,7 @@ def log_invocation(*, summary: Path, config_json: Path, versions_json: Path, cel
             for r in rows:
                 c = int(r["concurrency"])
                 for m in SERIES_METRICS:
-                    if (v := _num(r.get(m))) is not None:
+                    if (v := number(r.get(m))) is not None:
                         key = f"{row_variant_key(r)}.p{r['prompt_len']}.{m}"
                         series.append(Metric(key, v, now, c))
             for batch in _chunks(series, 1000):
