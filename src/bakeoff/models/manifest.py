@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -85,3 +86,11 @@ def verify(path: Path) -> dict[str, Any]:
         if digest != entry["sha256"]:
             raise ManifestError(f"{f}: sha256 {digest} != recorded {entry['sha256']} (file corrupted or replaced)")
     return manifest
+
+
+def write_format_manifest(stage: Path, src: Mapping[str, Any], fmt: str, **fields: Any) -> dict[str, Any]:
+    """The manifest of one model format made from the artifact whose manifest is ``src``.
+
+    Every format-making stage records the same lineage (model, source, format); ``fields`` add how it was made.
+    """
+    return write_manifest(stage, kind="model-format", model=src["model"], format=fmt, source=src["source"], **fields)

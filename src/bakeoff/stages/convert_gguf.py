@@ -16,7 +16,7 @@ from pathlib import Path
 from bakeoff.errors import ToolchainError
 from bakeoff.layout import GGUF_NAME
 from bakeoff.models.artifacts import staged_dir
-from bakeoff.models.manifest import read_manifest, verify, write_manifest
+from bakeoff.models.manifest import read_manifest, verify, write_format_manifest
 from bakeoff.models.weights import gguf_stats
 
 
@@ -29,8 +29,8 @@ def _synthetic_f16(src: dict, src_dir: Path, out_dir: Path, outtype: str, fmt: s
             os.link(src_dir / GGUF_NAME, stage / GGUF_NAME)
         except OSError:
             shutil.copy2(src_dir / GGUF_NAME, stage / GGUF_NAME)
-        write_manifest(stage, kind="model-format", model=src["model"], format=fmt, source=src["source"],
-                       derived_from=f"source ({src['derived_from']})",
+        write_format_manifest(stage, src, fmt,
+                              derived_from=f"source ({src['derived_from']})",
                        tool={"name": "bakeoff.models.synthetic", "version": "F16 as written"}, gguf_type="F16",
                        **gguf_stats(stage / GGUF_NAME))
 
@@ -50,12 +50,10 @@ def convert(src_dir: Path, source_tree: Path, out_dir: Path, outtype: str = "f16
         sys.stderr.write(proc.stdout[-4000:] + proc.stderr[-4000:])
         if proc.returncode != 0 or not out.is_file():
             raise ToolchainError(f"convert_hf_to_gguf.py failed ({proc.returncode}):\n{proc.stderr[-2000:]}")
-        write_manifest(
+        write_format_manifest(
             stage,
-            kind="model-format",
-            model=src["model"],
-            format=fmt,
-            source=src["source"],
+            src,
+            fmt,
             derived_from=f"{src['format']} ({src['derived_from']})",
             tool={"name": "convert_hf_to_gguf.py", "version": f"llama.cpp@{tree_manifest['commit']}"},
             gguf_type=outtype.upper(),

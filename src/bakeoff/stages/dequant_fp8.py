@@ -13,7 +13,7 @@ from pathlib import Path
 from bakeoff.errors import BakeoffError
 from bakeoff.models.artifacts import staged_dir
 from bakeoff.models.hfmodel import drop_quantizer, strip_quant_params
-from bakeoff.models.manifest import verify, write_manifest
+from bakeoff.models.manifest import verify, write_format_manifest
 from bakeoff.models.weights import safetensors_stats
 
 
@@ -33,12 +33,10 @@ def dequantize(src_dir: Path, out_dir: Path, fmt: str = "fp8-dequant") -> None:
     with staged_dir(out_dir) as stage:
         model.save_pretrained(stage, safe_serialization=True)
         tok.save_pretrained(stage)
-        write_manifest(
+        write_format_manifest(
             stage,
-            kind="model-format",
-            model=src["model"],
-            format=fmt,
-            source=src["source"],
+            src,
+            fmt,
             derived_from=f"{src['format']} ({src['derived_from']})",
             tool={"name": "compressed-tensors", "version": compressed_tensors.__version__},
             **safetensors_stats(stage),

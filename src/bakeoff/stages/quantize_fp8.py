@@ -15,7 +15,7 @@ from pathlib import Path
 
 from bakeoff.errors import BakeoffError
 from bakeoff.models.artifacts import staged_dir
-from bakeoff.models.manifest import verify, write_manifest
+from bakeoff.models.manifest import verify, write_format_manifest
 from bakeoff.models.weights import safetensors_stats
 
 
@@ -69,12 +69,10 @@ def quantize(src_dir: Path, out_dir: Path, scheme: str | dict = "FP8_DYNAMIC", i
         model.save_pretrained(stage, safe_serialization=True)
         compressor.update_config(str(stage))
         tok.save_pretrained(stage)
-        write_manifest(
+        write_format_manifest(
             stage,
-            kind="model-format",
-            model=src["model"],
-            format=fmt,
-            source=src["source"],
+            src,
+            fmt,
             derived_from=f"{src['format']} ({src['derived_from']})",
             tool={"name": "compressed-tensors", "version": compressed_tensors.__version__},
             quantization={"scheme": scheme, "ignore": ignore, "quantized_modules": n},

@@ -10,7 +10,7 @@ from bakeoff.engines.toolchain import toolchain_bin
 from bakeoff.errors import ToolchainError
 from bakeoff.layout import GGUF_NAME
 from bakeoff.models.artifacts import staged_dir
-from bakeoff.models.manifest import read_manifest, verify, write_manifest
+from bakeoff.models.manifest import read_manifest, verify, write_format_manifest
 from bakeoff.models.weights import gguf_stats
 
 
@@ -27,12 +27,10 @@ def quantize(src_dir: Path, toolchain_dir: Path, out_dir: Path, gguf_type: str, 
         sys.stderr.write(proc.stdout[-4000:] + proc.stderr[-4000:])
         if proc.returncode != 0 or not out.is_file():
             raise ToolchainError(f"llama-quantize {gguf_type} failed ({proc.returncode}):\n{proc.stderr[-2000:]}")
-        write_manifest(
+        write_format_manifest(
             stage,
-            kind="model-format",
-            model=src["model"],
-            format=fmt,
-            source=src["source"],
+            src,
+            fmt,
             derived_from=f"{src['format']} GGUF ({src['derived_from']})",
             tool={"name": "llama-quantize", "version": f"llama.cpp@{tc['commit']}"},
             gguf_type=gguf_type,

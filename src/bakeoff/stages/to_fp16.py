@@ -17,7 +17,7 @@ from pathlib import Path
 from bakeoff.errors import ModelSourceError
 from bakeoff.models.artifacts import staged_dir
 from bakeoff.models.hfmodel import drop_quantizer
-from bakeoff.models.manifest import verify, write_manifest
+from bakeoff.models.manifest import verify, write_format_manifest
 from bakeoff.models.weights import safetensors_stats
 
 
@@ -48,12 +48,10 @@ def convert(source_dir: Path, out_dir: Path, fmt: str = "fp16") -> None:
     with staged_dir(out_dir) as stage:
         model.save_pretrained(stage, safe_serialization=True)
         tok.save_pretrained(stage)
-        write_manifest(
+        write_format_manifest(
             stage,
-            kind="model-format",
-            model=src["model"],
-            format=fmt,
-            source=src["source"],
+            src,
+            fmt,
             derived_from=src["derived_from"],
             tool={"name": "transformers", "version": transformers.__version__},
             **safetensors_stats(stage),
