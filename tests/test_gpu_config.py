@@ -34,7 +34,7 @@ def test_one_h200_offloads_every_layer_without_a_split(tmp_path: Path) -> None:
     cfg = load_config(["experiment=h200_llamacpp"])
     cmd = get_engine("llamacpp")(_spec(cfg, "llamacpp", tmp_path)).command()
     assert _flag(cmd, "--n-gpu-layers") == "999" and "--split-mode" not in cmd and "--tensor-split" not in cmd
-    assert _flag(cmd, "--parallel") == "32" and _flag(cmd, "--ctx-size") == "40960"
+    assert _flag(cmd, "--parallel") == "32" and _flag(cmd, "--ctx-size") == "49152"
 
 
 @pytest.mark.parametrize("mode", ["layer", "row"])
@@ -101,9 +101,13 @@ def test_impossible_multi_gpu_configs_are_refused_by_name(overrides: list[str], 
 
 
 def test_llama_server_slots_split_the_context() -> None:
-    """--parallel 32 with -c 8192 leaves 256 tokens a slot: a 128+256 request cannot fit, so the config is refused."""
-    with pytest.raises(ConfigError, match="per-request context of 256 tokens"):
+    """--parallel 32 with -c 8192 leaves 256 tokens a slot (255 usable): a 128+256 request cannot fit, so the
+    config is refused; 32 x 1280 is refused too for 1024+256 (the slot's last position), 32 x 1536 is not."""
+    with pytest.raises(ConfigError, match="per-request context of 255 tokens"):
         load_config(["experiment=h200_llamacpp", "engines.llamacpp.settings.ctx_size=8192"])
+    with pytest.raises(ConfigError, match="per-request context of 1279 tokens"):
+        load_config(["experiment=h200_llamacpp", "engines.llamacpp.settings.ctx_size=40960"])
+    assert load_config(["experiment=h200_llamacpp"]).engines["llamacpp"].settings["ctx_size"] == 32 * 1536
 
 
 def test_split_mode_sweep_on_two_gpus_plans_both_layouts() -> None:

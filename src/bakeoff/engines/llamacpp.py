@@ -23,10 +23,11 @@ class LlamaCppEngine(Engine):
 
     @classmethod
     def request_context(cls, settings: Mapping[str, Any], model_max_context: int | None = None) -> int:
-        """llama-server splits ``ctx_size`` evenly between its ``parallel`` slots."""
+        """llama-server splits ``ctx_size`` evenly between its ``parallel`` slots, and a request must stay one
+        token short of its slot: 1024 + 256 tokens in a 1280-token slot came back ``truncated = 1`` (H200)."""
         cap = model_max_context or 1 << 30
         ctx = int(settings.get("ctx_size") or cap) // max(1, int(settings.get("parallel") or 1))
-        return min(ctx, cap)
+        return min(ctx - 1, cap)
 
     @classmethod
     def hardware_flags(cls, hardware: HardwareCfg, settings: Mapping[str, Any]) -> list[str]:
