@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from bakeoff.config.compose import load_config
+from bakeoff.engines import ServerSpec
 from bakeoff.errors import BakeoffError
 from bakeoff.models.manifest import verify, write_manifest
 from bakeoff.stages.node import COLLECT, NODE_SH, collect, pack, unpack
@@ -119,7 +121,26 @@ def test_record_of_the_h200_run_derives_its_committed_tables(tmp_path: Path):
     """The committed run record is what `bakeoff node record` derives from the committed tarball."""
     from bakeoff.stages.node import record
 
-    run = ROOT / "runs/h200-llamacpp/matrix-2026-12-03"
-    paths = record(run / "node-results.tgz", tmp_path)
-    for name in ("cells.csv", "kernel.csv", "table.md", "server-log-ends.txt", "hardware.json"):
-        assert paths[name].read_text() == (run / name).read_text(), name
+    for session in ("matrix-2026-12-03", "matrix-2026-12-03-s2"):
+        run = ROOT / "runs/h200-llamacpp" / session
+        paths = record(run / "node-results.tgz", tmp_path / session)
+        for name in ("cells.csv", "kernel.csv", "table.md", "server-log-ends.txt", "hardware.json"):
+            assert paths[name].read_text() == (run / name).read_text(), (session, name)
+    # Two configs of one engine are two rows: --parallel 32 and --parallel 4 at c=32 are not mixed up.
+    rows = {tuple(c.strip() for c in line.split("|")[1:3]): line for line in paths["table.md"].read_text().splitlines()}
+    assert rows[("llamacpp --parallel 32", "q4_k_m")].endswith("0.25 |")
+    assert rows[("llamacpp --parallel 4", "q4_k_m")].endswith("0.77 |")
+
+
+def test_a_cell_keeps_its_config_engine_name_over_the_plugins():
+    """Two configs of one plugin (llamacpp and llamacpp_np4) stay two engines in every cell and summary row."""
+    from bakeoff.engines import get_engine
+    from bakeoff.stages.serve_load import Cell, _cell_base
+
+    spec = ServerSpec(engine=load_config(["experiment=h200_llamacpp"]).engines["llamacpp_np4"],
+                      hardware=load_config(["experiment=h200_llamacpp"]).hardware, model_dir=Path("/nonexistent"),
+                      served_name="m", log_path=Path("/nonexistent/server.log"), toolchain_dir=None)
+    versions = get_engine("llamacpp")(spec).versions()
+    assert versions["engine"] == "llamacpp"
+    row = _cell_base({"engine": "llamacpp_np4", "format": "q4_k_m"}, Cell(32, 128, 0), 100, versions, None)
+    assert row["engine"] == "llamacpp_np4" and row["engine_version"] == versions["engine_version"]

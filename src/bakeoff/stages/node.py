@@ -232,16 +232,26 @@ def record(tarball: Path, out: Path, log_lines: int = 3) -> dict[str, Path]:
 
 
 def format_table(cells: list[dict], kernels: list[dict], bandwidth_gbs: float) -> str:
-    """Per format: served c=1 tok/s (prompt 128), llama-bench tg128, the decode roofline, J/token."""
+    """Per engine config and format: served c=1 tok/s (prompt 128), llama-bench tg128, the roofline, J/token.
+
+    Rows are per engine config and format: two configs of one engine (``--parallel 32`` and ``4``) are two
+    rows, told apart by their recorded settings as well as their name.
+    """
+    def config(c: dict) -> str:
+        settings = c.get("engine_settings") or {}
+        if isinstance(settings, str):
+            settings = json.loads(settings)
+        return f"{c['engine']} --parallel {settings['parallel']}" if settings.get("parallel") else c["engine"]
+
     from bakeoff.results.roofline import decode_ceiling
 
     tg = {k["format"]: k["tg128_tok_s"] for k in kernels}
-    lines = ["| format | requests (c=1) | served tok/s (c=1, p128) | kernel tg128 tok/s | roofline tok/s "
+    lines = ["| engine | format | requests (c=1) | served tok/s (c=1, p128) | kernel tg128 tok/s | roofline tok/s "
              f"({bandwidth_gbs:g} GB/s) | served / kernel | kernel / roofline | J/token c=1 | J/token c=8 | J/token c=32 |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
-    for fmt in dict.fromkeys(c["format"] for c in cells):
-        by_c = {int(c["concurrency"]): c for c in cells if c["format"] == fmt and int(c["prompt_len"]) == 128
-                and c.get("status") == "ok"}
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for eng, fmt in dict.fromkeys((config(c), c["format"]) for c in cells):
+        by_c = {int(c["concurrency"]): c for c in cells if (config(c), c["format"]) == (eng, fmt)
+                and int(c["prompt_len"]) == 128 and c.get("status") == "ok"}
         one = by_c.get(1, {})
         roof = decode_ceiling(bandwidth_gbs, one.get("weight_bytes") or next(
             c["weight_bytes"] for c in cells if c["format"] == fmt))
@@ -251,7 +261,7 @@ def format_table(cells: list[dict], kernels: list[dict], bandwidth_gbs: float) -
             return format(v, f) if v is not None else "not run"
 
         jt = [num(by_c.get(c, {}).get("joules_per_output_token"), ".2f") for c in (1, 8, 32)]
-        lines.append(f"| {fmt} | {one.get('requests', 'not run')} | {num(served)} | {num(kern)} | {roof:.1f} | "
+        lines.append(f"| {eng} | {fmt} | {one.get('requests', 'not run')} | {num(served)} | {num(kern)} | {roof:.1f} | "
                      f"{num(served / kern if served and kern else None, '.2f')} | "
                      f"{num(kern / roof if kern else None, '.2f')} | {' | '.join(jt)} |")
     return "\n".join(lines) + "\n"

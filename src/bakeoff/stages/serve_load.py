@@ -327,7 +327,8 @@ class QualityPlan:
 
 
 def _cell_base(base: dict, cell: Cell, n: int, versions: dict, startup_s: float | None) -> dict:
-    return {**base, **versions, "cell": cell.name, "concurrency": cell.concurrency, "prompt_len": cell.prompt_len,
+    # The config's engine name (e.g. llamacpp_np4) wins over the plugin's own ("engine": "llamacpp").
+    return {**versions, **base, "cell": cell.name, "concurrency": cell.concurrency, "prompt_len": cell.prompt_len,
             "repeat": cell.repeat, "requests": n, "startup_s": startup_s}
 
 
