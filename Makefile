@@ -24,7 +24,7 @@ $(STAMP): pyproject.toml Makefile
 
 # rule all: results/summary.csv plus samples, plots, report pages, DVC metrics and the MLflow runs.
 run: setup
-	$(BIN)/snakemake --cores all
+	$(BIN)/snakemake --cores all --show-failed-logs
 
 # The full suite: lint, then every test (one shared pipeline run of the `ci` experiment; see tests/conftest.py).
 test: setup

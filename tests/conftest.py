@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import csv
 import os
+import re
 import subprocess
 import sys
 import time
@@ -41,6 +42,12 @@ def snakemake(*args: str, check: bool = True, timeout: float = 3000, cwd: Path =
     if check and proc.returncode != 0:
         raise AssertionError(f"snakemake {' '.join(args)} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}")
     return proc
+
+
+def spec_texts(plan: str, cwd: Path = ROOT) -> str:
+    """The config slices (``--spec @file``, ``--hardware @file``) that a dry run's commands name, joined."""
+    refs = dict.fromkeys(re.findall(r"(?:--spec|--hardware) '?@([^ ']+)", plan))
+    return "\n".join((cwd / ref).read_text() for ref in refs)
 
 
 def bakeoff(*args: str, env: dict | None = None, timeout: float = 900, cwd: Path = ROOT) -> subprocess.CompletedProcess:

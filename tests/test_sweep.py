@@ -12,7 +12,7 @@ from bakeoff.config.sweep import parse_sweep, points_from_snakemake, points_json
 from bakeoff.errors import ConfigError
 from bakeoff.results.derived import extend
 
-from conftest import ROOT, snakemake
+from conftest import ROOT, snakemake, spec_texts
 
 CONF = ROOT / "conf"
 SMALL = "experiment.variants.vllm=[fp16] experiment.variants.llamacpp=[q4_k_m]"
@@ -103,6 +103,6 @@ def test_seed_vllm_version_ab_plans_both_images() -> None:
     image_of: dict[str, set[str]] = {}
     for j in jobs:
         point = re.search(r"results/raw/(blog_v100\.[^/]+)/", j).group(1)
-        image_of.setdefault(point, set()).update(re.findall(r'"vllm_image": "([^"]+)"', j))
+        image_of.setdefault(point, set()).update(re.findall(r'"vllm_image": "([^"]+)"', spec_texts(j)))
     assert len(image_of) == 2
     assert sorted(img for imgs in image_of.values() for img in imgs) == images  # one image per point, both used

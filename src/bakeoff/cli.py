@@ -237,9 +237,20 @@ def _cmd_llama_bench_compare(a: argparse.Namespace) -> None:
         print("  ".join(str(r[c]) for c in COLUMNS[:9]))
 
 
+def _json_arg(value: str | None, flag: str) -> str | None:
+    """``--spec``/``--hardware`` take JSON, or ``@path`` of a file holding it (what the Snakefile passes)."""
+    if value is None or not value.startswith("@"):
+        return value
+    path = Path(value[1:])
+    if not path.is_file():
+        raise BakeoffError(f"{flag} {value}: no such file (a job's config slice is written when the DAG is planned)")
+    return path.read_text()
+
+
 def _cmd_stage(a: argparse.Namespace) -> None:
     from bakeoff.config import schema
 
+    a.spec, a.hardware = _json_arg(a.spec, "--spec"), _json_arg(a.hardware, "--hardware")
     out = _dir(a.out)
     name = a.stage
     if name == "fetch-llamacpp":
@@ -450,8 +461,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("stage", choices=STAGES)
     s.add_argument("--out", required=True, help="output manifest.json or directory")
     s.add_argument("--input", help="input artifact (manifest.json or directory)")
-    s.add_argument("--spec", help="the stage's config slice, as JSON")
-    s.add_argument("--hardware", help="hardware config, as JSON")
+    s.add_argument("--spec", help="the stage's config slice: JSON, or @file holding it")
+    s.add_argument("--hardware", help="hardware config: JSON, or @file holding it")
     s.add_argument("--tree", help="llama.cpp source tree artifact")
     s.add_argument("--toolchain", help="built llama.cpp toolchain artifact")
     s.add_argument("--eval-toolchain", help="built llama-cpp-python artifact (the GGUF evaluation server)")

@@ -26,6 +26,7 @@ else builds an artifact path by hand or reads one by its depth.
   results/report/{summary,environment}.html   report pages (snakemake --report report.html)
   results/metrics.json                  DVC metrics, from the summary
   results/mlflow/runs.json              the MLflow parent run and its cell runs of this invocation
+  .snakemake/bakeoff-specs/{digest}.json   a job's config slice (``--spec @file``), named by its content
 
 Each artifact directory is complete exactly when its manifest.json exists.
 """
@@ -71,6 +72,9 @@ REPORT_PAGE = "results/report/{page}.html"
 DVC_METRICS = "results/metrics.json"
 TRACKED = "results/mlflow/runs.json"
 KERNEL = "results/kernel/{model}/{format}-fa{fa}.json"
+# A job's config slice travels as a file, so a failing job's command line is short and its error readable;
+# the name is the content's digest, so Snakemake's params trigger still re-runs a job when its slice changes.
+SPEC = ".snakemake/bakeoff-specs/{digest}.json"
 
 
 class _Backend(Protocol):
@@ -137,3 +141,10 @@ def variant_of(variant_file: Path) -> VariantKey:
     """Read the variant of a file in its directory (such as ``cells.json``) by the grammar above."""
     d = Path(variant_file).parent
     return VariantKey(experiment=d.parent.parent.name, model=d.parent.name, variant=d.name)
+
+
+def spec_path(text: str) -> str:
+    """Where a job's config slice ``text`` is kept: a path named by its sha256."""
+    import hashlib
+
+    return SPEC.format(digest=hashlib.sha256(text.encode()).hexdigest()[:20])

@@ -1,5 +1,6 @@
 # Config composition, wildcard constraints and input functions.
 import json
+import os
 import re
 from pathlib import Path
 
@@ -8,7 +9,7 @@ from snakemake.exceptions import WorkflowError
 from bakeoff.config.compose import config_hash
 from bakeoff.engines import get_engine
 from bakeoff.errors import ConfigError
-from bakeoff.layout import toolchain_id
+from bakeoff.layout import spec_path, toolchain_id
 from bakeoff.config.sweep import points_from_snakemake
 
 # One point per sweep combination (--config sweep="a=1,2"); one point without a sweep.
@@ -78,8 +79,31 @@ def source_tree_manifest():
     return LLAMACPP_SRC.format(commit=TC.commit)
 
 
+def spec_file(text):
+    """``@path`` of a file holding ``text`` (a job's JSON config slice), for ``bakeoff stage --spec/--hardware``."""
+    path = Path(spec_path(text))
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}")
+        tmp.write_text(text)
+        tmp.replace(path)
+    return f"@{path}"
+
+
+def hardware_spec(wildcards):
+    return spec_file(CFG.hardware.model_dump_json())
+
+
+def toolchain_spec(wildcards):
+    return spec_file(TC.model_dump_json())
+
+
+def model_spec(wildcards):
+    return spec_file(CFG.model.model_dump_json())
+
+
 def format_spec(wildcards):
-    return CFG.formats[wildcards.format].model_dump_json()
+    return spec_file(CFG.formats[wildcards.format].model_dump_json())
 
 
 def model_manifests():
@@ -114,14 +138,14 @@ TOOLCHAIN_INPUTS = {"llamacpp": toolchain_manifest, "llamacpp-python": pybinding
 
 def doctor_spec(wildcards):
     """The doctor's config slice: the hardware config and its own settings (not the experiment)."""
-    return json.dumps({"hardware": CFG.hardware.model_dump(mode="json"), "doctor": CFG.doctor.model_dump(mode="json")},
-                      sort_keys=True)
+    return spec_file(json.dumps({"hardware": CFG.hardware.model_dump(mode="json"), "doctor": CFG.doctor.model_dump(mode="json")},
+                                sort_keys=True))
 
 
 def serve_spec(wildcards):
     """The config slice a variant's results depend on (a change re-runs it)."""
     cfg = POINTS[wildcards.experiment].cfg
-    return json.dumps({
+    return spec_file(json.dumps({
         "engine_name": wildcards.engine,
         "engine": cfg.engines[wildcards.engine].model_dump(mode="json"),
         "hardware": cfg.hardware.model_dump(mode="json"),
@@ -131,7 +155,7 @@ def serve_spec(wildcards):
         "model": cfg.model.name,
         "model_source": cfg.model.source,
         "eval": cfg.eval.model_dump(mode="json"),
-    }, sort_keys=True)
+    }, sort_keys=True))
 
 
 def toolchain_arg(wildcards, input):

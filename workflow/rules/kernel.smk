@@ -11,7 +11,7 @@ rule kernel_bench:
     output:
         KERNEL,
     params:
-        hardware=lambda w: CFG.hardware.model_dump_json(),
+        hardware=hardware_spec,
     threads: workflow.cores
     resources:
         **GPU_RESOURCES,

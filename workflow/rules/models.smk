@@ -6,7 +6,7 @@ rule fetch_model:
     output:
         MODEL_SOURCE,
     params:
-        spec=lambda w: CFG.model.model_dump_json(),
+        spec=model_spec,
     log:
         "logs/models/{model}/source.log",
     benchmark:

@@ -5,7 +5,7 @@ rule fetch_llamacpp:
     output:
         LLAMACPP_SRC,
     params:
-        spec=lambda w: TC.model_dump_json(),
+        spec=toolchain_spec,
     log:
         "logs/build/llamacpp/src-{commit}.log",
     conda:
@@ -20,8 +20,8 @@ rule build_llamacpp:
     output:
         TOOLCHAIN,
     params:
-        spec=lambda w: TC.model_dump_json(),
-        hardware=lambda w: CFG.hardware.model_dump_json(),
+        spec=toolchain_spec,
+        hardware=hardware_spec,
     threads: workflow.cores
     log:
         "logs/build/llamacpp/{toolchain}.log",
@@ -42,8 +42,8 @@ rule build_llamacpp_python:
     output:
         PYBINDING,
     params:
-        spec=lambda w: TC.model_dump_json(),
-        hardware=lambda w: CFG.hardware.model_dump_json(),
+        spec=toolchain_spec,
+        hardware=hardware_spec,
     log:
         "logs/build/llamacpp-python/{toolchain}.log",
     benchmark:
