@@ -19,6 +19,10 @@ What is logged:
   concurrency, so the UI charts throughput against concurrency.
 * tags on both: the pinned versions (:mod:`bakeoff.results.versions`), git sha and
   dirty flag, model revision and sha256, config hash.
+
+A cell run carries the time its cell ran (``started_utc``/``ended_utc`` of its record), not the time it
+was logged, so the UI's compare view shows when and how long each cell ran. The experiment is tagged as
+MLflow's model-development kind, so the UI opens it on its runs table, not the GenAI overview.
 """
 
 from __future__ import annotations
@@ -42,6 +46,17 @@ from bakeoff.results.numbers import number
 ID_COLUMNS = {"experiment", "model", "engine", "engine_version", "format", "hardware", "status", "reason",
               "engine_settings", "config_hash", "sweep", "overrides", "published_refs"}
 SERIES_METRICS = ["output_throughput", "median_ttft_ms", "median_tpot_ms", "decode_efficiency_pct"]
+# MLflow 3's UI opens an experiment of this kind on its runs table (GenAI kinds open the traces overview).
+EXPERIMENT_KIND = {"mlflow.experimentKind": "custom_model_development"}
+
+
+def cell_times_ms(record: Mapping[str, Any]) -> tuple[int | None, int | None]:
+    """When a cell ran, in epoch ms, from its record: start, and end (or start + the measured duration)."""
+    start = number(record.get("started_utc"))
+    end = number(record.get("ended_utc"))
+    if end is None and start is not None and (d := number(record.get("duration_s"))) is not None:
+        end = start + d
+    return (int(start * 1000) if start is not None else None, int(end * 1000) if end is not None else None)
 
 
 def resolve_uri(uri: str, root: Path) -> str:
@@ -120,7 +135,9 @@ def log_invocation(*, summary: Path, config_json: Path, versions_json: Path, cel
         client = MlflowClient(tracking_uri=uri)
         exp = client.get_experiment_by_name(experiment)
         exp_id = exp.experiment_id if exp else client.create_experiment(
-            experiment, artifact_location=(root / "mlartifacts").resolve().as_uri())
+            experiment, artifact_location=(root / "mlartifacts").resolve().as_uri(), tags=EXPERIMENT_KIND)
+        for k, v in EXPERIMENT_KIND.items():
+            client.set_experiment_tag(exp_id, k, v)
         names = sorted(points)
         vtags = {f"version.{k}": str(v) for k, v in versions.items()}
         base_tags = {**vtags, "git_sha": versions.get("git_sha", ""), "git_dirty": versions.get("git_dirty", ""),
@@ -160,23 +177,26 @@ def log_invocation(*, summary: Path, config_json: Path, versions_json: Path, cel
                         "format": r["format"], "engine_version": r.get("engine_version", ""), "status": r.get("status", ""),
                         "reason": r.get("reason", "")[:5000], "experiment": r["experiment"],
                         "config_hash": r.get("config_hash") or base_tags["config_hash"]}
-                child = client.create_run(exp_id, run_name=name, tags=tags)
+                d = variant_dirs.get(row_variant_key(r))
+                cell_json = d / f"{row_cell_name(r)}.json" if d is not None else None
+                record = json.loads(cell_json.read_text()) if cell_json is not None and cell_json.is_file() else {}
+                started_ms, ended_ms = cell_times_ms(record)
+                child = client.create_run(exp_id, run_name=name, tags=tags, start_time=started_ms)
                 cid = child.info.run_id
                 children[name] = cid
                 params = [Param(k, v) for k, v in cell_params(point["config"], r).items()]
                 for batch in _chunks(params, 100):
                     client.log_batch(cid, params=batch)
                 step = int(r["concurrency"])
-                metrics = [Metric(k, v, now, step) for k, v in numeric_columns(r).items()]
+                metrics = [Metric(k, v, ended_ms or now, step) for k, v in numeric_columns(r).items()]
                 for batch in _chunks(metrics, 1000):
                     client.log_batch(cid, metrics=batch)
-                d = variant_dirs.get(row_variant_key(r))
                 if d is not None:
                     for f in (d / f"{row_cell_name(r)}.jsonl", d / f"{row_cell_name(r)}.json", d / SERVER_LOG):
                         if f.is_file():
                             client.log_artifact(cid, str(f), "requests" if f.suffix == ".jsonl" else "cell")
                 client.set_tag(cid, "bakeoff.logged", "true")
-                client.set_terminated(cid, "FINISHED")
+                client.set_terminated(cid, "FINISHED", end_time=ended_ms)
         except BaseException:
             for cid in children.values():
                 client.set_terminated(cid, "FAILED")

@@ -370,6 +370,7 @@ def _run_pending(session: Session, pending: list[Cell], base: dict, load: LoadCf
                            api_key=engine.spec.engine.api_key, seed=seed, count_tokens=count_tokens,
                            label=f"{base['engine']}-{base['format']} {cell.name}", show_progress=show_progress,
                            on_measure_start=window.start, on_measure_end=window.stop)
+        t_end = time.time()
         metrics = summarize(res.records, res.duration_s, slos_ms)
         telemetry = window.columns(metrics["total_output_tokens"])
         died = not engine.alive()
@@ -385,7 +386,8 @@ def _run_pending(session: Session, pending: list[Cell], base: dict, load: LoadCf
         _write_json(out_dir / f"{cell.name}.json",
                     {**_cell_base(base, cell, n, versions, session.startup_s), "status": cell_status,
                      "reason": cell_reason, **metrics, **res.client, "peak_rss_bytes": mem.peak_rss,
-                     "peak_gpu_bytes": mem.peak_gpu, **telemetry, "started_utc": t_cell})
+                     "peak_gpu_bytes": mem.peak_gpu, **telemetry, "started_utc": t_cell,
+                     "ended_utc": t_end})
     return "ok", ""
 
 
