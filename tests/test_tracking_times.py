@@ -13,7 +13,7 @@ from pathlib import Path
 from mlflow.tracking import MlflowClient
 
 from bakeoff.layout import variant_dir
-from bakeoff.results.tracking import EXPERIMENT_KIND, log_invocation
+from bakeoff.results.tracking import EXPERIMENT_KIND, log_invocation, ui_path
 
 
 def test_cell_runs_carry_their_cells_real_start_and_end(tmp_path: Path) -> None:
@@ -41,6 +41,8 @@ def test_cell_runs_carry_their_cells_real_start_and_end(tmp_path: Path) -> None:
                          plots=[], uri=uri, experiment="bakeoff-test", out=tmp_path / "runs.json", root=tmp_path)
     client = MlflowClient(tracking_uri=uri)
     assert client.get_experiment(rec["experiment_id"]).tags.items() >= EXPERIMENT_KIND.items()
+    exp_id = rec["experiment_id"]
+    assert rec["ui_path"] == ui_path(exp_id) == f"/#/experiments/{exp_id}/runs?workflowType=machine_learning"
     runs = {r.info.run_name: r for r in client.search_runs([rec["experiment_id"]], "tags.`bakeoff.role` = 'cell'")}
     one, eight = runs["smoke/llamacpp-q8_0/c1-p32"].info, runs["smoke/llamacpp-q8_0/c8-p32"].info
     assert (one.start_time, one.end_time) == (1_700_000_000_250, 1_700_000_012_500)

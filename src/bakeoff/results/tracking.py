@@ -21,8 +21,10 @@ What is logged:
   dirty flag, model revision and sha256, config hash.
 
 A cell run carries the time its cell ran (``started_utc``/``ended_utc`` of its record), not the time it
-was logged, so the UI's compare view shows when and how long each cell ran. The experiment is tagged as
-MLflow's model-development kind, so the UI opens it on its runs table, not the GenAI overview.
+was logged, so the UI's compare view shows when and how long each cell ran. MLflow 3's UI opens an
+experiment on the GenAI overview unless the address asks for the model-training runs table
+(``ui_path``, seen in headless Chromium: scripts/mlflow_ui_check.py); the experiment is also tagged as
+the model-development kind, which is what MLflow's own run-centric experiments carry.
 """
 
 from __future__ import annotations
@@ -46,8 +48,12 @@ from bakeoff.results.numbers import number
 ID_COLUMNS = {"experiment", "model", "engine", "engine_version", "format", "hardware", "status", "reason",
               "engine_settings", "config_hash", "sweep", "overrides", "published_refs"}
 SERIES_METRICS = ["output_throughput", "median_ttft_ms", "median_tpot_ms", "decode_efficiency_pct"]
-# MLflow 3's UI opens an experiment of this kind on its runs table (GenAI kinds open the traces overview).
 EXPERIMENT_KIND = {"mlflow.experimentKind": "custom_model_development"}
+
+
+def ui_path(experiment_id: str) -> str:
+    """The MLflow UI address (after host:port) of an experiment's runs table, in model-training view."""
+    return f"/#/experiments/{experiment_id}/runs?workflowType=machine_learning"
 
 
 def cell_times_ms(record: Mapping[str, Any]) -> tuple[int | None, int | None]:
@@ -204,6 +210,6 @@ def log_invocation(*, summary: Path, config_json: Path, versions_json: Path, cel
             raise
         client.set_terminated(pid, "FINISHED")
     record = {"tracking_uri": uri, "experiment": experiment, "experiment_id": exp_id, "parent_run_id": pid,
-              "children": children}
+              "ui_path": ui_path(exp_id), "children": children}
     atomic_write_text(Path(out), json.dumps(record, indent=2) + "\n")
     return record
