@@ -33,7 +33,10 @@ GPU_RESOURCES = {"gres": CFG.hardware.slurm_gres} if CFG.hardware.slurm_gres els
 
 
 # Pinned environment per role (envs/), used with --sdm conda on a cluster.
-LLAMACPP_ENV = "../../envs/llamacpp-cuda.yaml" if CFG.hardware.backend == "cuda" else "../../envs/llamacpp.yaml"
+LLAMACPP_ENV = f"../../envs/{CFG.hardware.toolchain_env}"
+# A CUDA build waits for the doctor, which refuses a driver older than that environment's CUDA toolkit needs
+# (bakeoff.hardware.driver). ancient(): a re-run doctor never makes a finished build look out of date.
+BUILD_GATE = [ancient(HARDWARE)] if CFG.hardware.backend == "cuda" else []
 
 
 def serve_env(wildcards):

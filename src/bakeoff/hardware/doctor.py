@@ -252,6 +252,15 @@ def analyze(facts: dict[str, Any], hw: HardwareCfg, doctor: DoctorCfg) -> dict[s
     if hw.backend == "cuda" and len(gpus) < hw.gpus:
         raise DoctorError(f"hardware config {hw.name!r} needs {hw.gpus} GPU(s); NVML found {len(gpus)} "
                           f"({facts.get('nvml', 'not probed')}). Pick the matching hardware= config.")
+    driver = None
+    if hw.backend == "cuda":  # before any build: the toolkit the build environment pins must fit the driver
+        from bakeoff.hardware.driver import check as driver_check
+
+        driver = driver_check(facts.get("driver_version"), hw.toolchain_env)
+        if driver["ok"] is False:
+            raise DoctorError(driver["message"])
+        if driver["message"]:
+            warnings.append(driver["message"])
     bad = ecc_uncorrected(facts)
     if bad and not doctor.allow_uncorrected_ecc:
         raise DoctorError(f"uncorrectable ECC errors on {bad}: results from this node cannot be trusted. "
@@ -273,7 +282,7 @@ def analyze(facts: dict[str, Any], hw: HardwareCfg, doctor: DoctorCfg) -> dict[s
     elif gpus:
         warnings.append(f"hardware config {hw.name!r} is CPU-only; {len(gpus)} GPU(s) present are not used")
     return {"compute_capability": cc, "capabilities": caps, "topology": topo,
-            "ecc_uncorrected": bad, "warnings": warnings}
+            "ecc_uncorrected": bad, "driver_check": driver, "warnings": warnings}
 
 
 def run(hw: HardwareCfg, doctor: DoctorCfg, out: Path, facts: dict[str, Any] | None = None) -> dict[str, Any]:
