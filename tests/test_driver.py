@@ -79,6 +79,7 @@ def test_an_env_missing_from_the_table_is_a_warning_that_says_what_to_add(tmp_pa
     (tmp_path / "x.yaml").write_text("channels: [nvidia/label/cuda-99.1.0]\ndependencies: []\n")
     rec = driver.check("580.1", "x.yaml", envs_dir=tmp_path)
     assert rec["ok"] is None and "99.1.0" in rec["message"] and "add its minimum driver" in rec["message"]
+    assert "does not exist" in driver.check("580.1", "missing.yaml", envs_dir=tmp_path)["message"]
 
 
 def test_a_cuda_build_waits_for_the_doctor() -> None:

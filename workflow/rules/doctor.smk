@@ -44,7 +44,8 @@ rule gpu_check:
         " --out {output} > {log} 2>&1"
 
 
-# After the last server (every variant's cells and the kernel benchmarks): ECC counts again, on the same node.
+# After the last server (every variant's cells and the kernel benchmarks): ECC counts again. GPUs are matched
+# by UUID, so on a cluster that puts this job on another node they show as vanished and the check fails.
 rule ecc_recheck:
     input:
         hardware=HARDWARE,

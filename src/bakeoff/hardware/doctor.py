@@ -264,9 +264,10 @@ def analyze(facts: dict[str, Any], hw: HardwareCfg, doctor: DoctorCfg) -> dict[s
         warnings.append(f"uncorrectable ECC errors since boot on {bad}, allowed by doctor.allow_uncorrected_ecc")
     history = historical_uncorrected(facts)
     if history:
-        warnings.append(f"historical (aggregate) uncorrectable ECC errors on {history}, none since boot: each GPU "
-                        "gets a short llama-bench alone before any server (results/gpu-check.json), and the run stops "
-                        "if any count grows while it measures (results/hardware-after.json)")
+        warnings.append(f"historical (aggregate) uncorrectable ECC errors on {history}, none since boot: rule "
+                        "gpu_check benchmarks each GPU alone before any server where a llama.cpp toolchain is "
+                        "configured (results/gpu-check.json), and the run stops if any count grows while it "
+                        "measures (results/hardware-after.json)")
     used = gpus[: hw.gpus] if hw.backend == "cuda" else []
     cc = min((_cc(g) for g in used), default=None)
     caps = capabilities(cc, (facts.get("cpu") or {}).get("flags"))

@@ -60,6 +60,10 @@ def check(driver: str | None, env_name: str, envs_dir: Path = ENVS_DIR,
     """
     data = load_table(table_path)
     table = {str(k): str(v) for k, v in data["minimum_driver"].items()}
+    if not (envs_dir / env_name).is_file():
+        return {"env": f"envs/{env_name}", "cuda_toolkit": None, "driver": driver, "min_driver": None,
+                "source": data.get("source"), "ok": None,
+                "message": f"hardware.llamacpp_env names envs/{env_name}, which does not exist"}
     release = toolkit_of_env(envs_dir / env_name)
     rec: dict[str, Any] = {"env": f"envs/{env_name}", "cuda_toolkit": release, "driver": driver,
                            "min_driver": table.get(release or ""), "source": data.get("source"), "ok": None,
