@@ -68,12 +68,12 @@ def test_h200_recording_native_fp8() -> None:
     assert rep["topology"]["interconnect"] is None and rep["warnings"] == []
 
 
-def test_uncorrectable_ecc_stops_unless_overridden(tmp_path: Path) -> None:
+def test_uncorrectable_ecc_since_boot_stops_unless_overridden(tmp_path: Path) -> None:
     facts = _facts("v100x2.handwritten")
     bad = copy.deepcopy(facts)
-    bad["gpus"][1]["ecc"]["aggregate"]["uncorrected"] = 2
+    bad["gpus"][1]["ecc"]["volatile"]["uncorrected"] = bad["gpus"][1]["ecc"]["aggregate"]["uncorrected"] = 2
     cfg = load_config(["experiment=blog_v100"])
-    with pytest.raises(DoctorError, match=r"uncorrectable ECC errors on .*GPU1.*doctor.allow_uncorrected_ecc=true"):
+    with pytest.raises(DoctorError, match=r"uncorrectable ECC errors since boot .*GPU1.*doctor.allow_uncorrected_ecc=true"):
         run(cfg.hardware, cfg.doctor, tmp_path / "hw.json", facts=bad)
     assert not (tmp_path / "hw.json").exists()  # nothing half-written
     rep = run(cfg.hardware, DoctorCfg(allow_uncorrected_ecc=True), tmp_path / "hw.json", facts=bad)

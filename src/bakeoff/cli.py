@@ -325,12 +325,22 @@ def _cmd_stage(a: argparse.Namespace) -> None:
 
         kernel_bench(hardware=schema.HardwareCfg.model_validate_json(a.hardware), model_dir=_dir(a.input),
                      toolchain_dir=_dir(a.toolchain), fa=a.flash_attn, out=Path(a.out))
+    elif name == "gpu-check":  # --spec {"record": results/hardware.json, "doctor": {...}}
+        from bakeoff.stages.gpu_check import run as gpu_check
+
+        spec = json.loads(a.spec)
+        gpu_check(record=Path(spec["record"]), model_dir=_dir(a.input), toolchain_dir=_dir(a.toolchain),
+                  out=Path(a.out), allow=schema.DoctorCfg.model_validate(spec.get("doctor", {})).allow_uncorrected_ecc)
+    elif name == "ecc-recheck":  # --input results/hardware.json (the doctor's record before the first server)
+        from bakeoff.hardware.doctor import recheck
+
+        recheck(Path(a.input), Path(a.out))
     else:  # argparse restricts choices; kept for type checkers
         raise BakeoffError(f"unknown stage {name!r}")
 
 
 STAGES = ["doctor", "fetch-llamacpp", "build-llamacpp", "build-llamacpp-python", "fetch-model", "to-fp16", "quantize-fp8",
-          "dequant-fp8", "convert-gguf", "quantize-gguf", "serve-load", "llama-bench"]
+          "dequant-fp8", "convert-gguf", "quantize-gguf", "serve-load", "llama-bench", "gpu-check", "ecc-recheck"]
 
 
 def build_parser() -> argparse.ArgumentParser:

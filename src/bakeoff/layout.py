@@ -9,6 +9,8 @@ else builds an artifact path by hand or reads one by its depth.
   build/llamacpp/{toolchain}/           built tools; toolchain = {commit}-{backend}, backend = cpu | cuda<arch>
   build/llamacpp-python/{toolchain}/    llama-cpp-python built from the same sdist (the GGUF evaluation server)
   results/hardware.json                 the doctor's record: GPUs, driver, ECC, topology, CPU, capabilities
+  results/gpu-check.json                (GPU) each card's short llama-bench alone, when one has ECC history
+  results/hardware-after.json           (GPU) ECC counts re-read after the last server; a grown count fails it
   models/{model}/source/                the model as fetched (hub snapshot, embedded GGUF, or synthetic GGUF)
   models/{model}/{format}/              one format: fp16, fp8, fp8-dynamic, fp8-dequant, f16, q8_0, q4_k_m
   results/raw/{experiment}/{model}/{engine}-{format}/
@@ -53,6 +55,8 @@ SOURCE_ARCHIVE = "source.tar.gz"  # inside the llama.cpp source directory
 
 # Snakemake output templates (each a manifest or a file the rule writes).
 HARDWARE = "results/hardware.json"
+GPU_CHECK = "results/gpu-check.json"
+HARDWARE_AFTER = "results/hardware-after.json"
 LLAMACPP_SRC = f"build/llamacpp/src-{{commit}}/{MANIFEST}"
 TOOLCHAIN = f"build/llamacpp/{{toolchain}}/{MANIFEST}"
 PYBINDING = f"build/llamacpp-python/{{toolchain}}/{MANIFEST}"

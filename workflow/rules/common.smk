@@ -34,7 +34,10 @@ GPU_RESOURCES = {"gres": CFG.hardware.slurm_gres} if CFG.hardware.slurm_gres els
 
 
 # Pinned environment per role (envs/), used with --sdm conda on a cluster.
-LLAMACPP_ENV = "../../envs/llamacpp-cuda.yaml" if CFG.hardware.backend == "cuda" else "../../envs/llamacpp.yaml"
+LLAMACPP_ENV = f"../../envs/{CFG.hardware.toolchain_env}"
+# A CUDA build waits for the doctor, which refuses a driver older than that environment's CUDA toolkit needs
+# (bakeoff.hardware.driver). ancient(): a re-run doctor never makes a finished build look out of date.
+BUILD_GATE = [ancient(HARDWARE)] if CFG.hardware.backend == "cuda" else []
 
 
 def serve_env(wildcards):
@@ -59,6 +62,22 @@ wildcard_constraints:
     commit="[0-9a-f]{7,40}",
     fa="on|off|auto",
     toolchain="[0-9a-f]{7,40}-[a-z0-9]+",
+
+
+def gpu_check_format():
+    """The GGUF the single-card ECC check benchmarks (the smallest the experiment makes), or None.
+
+    Only on CUDA with a llama.cpp toolchain: bakeoff.hardware.ecc runs llama-bench on each GPU alone.
+    """
+    if CFG.hardware.backend != "cuda" or TOOLCHAIN_ID is None:
+        return None
+    ggufs = [f for f in CFG.needed_formats() if CFG.formats[f].gguf_type]
+    return next((f for f in ("q4_k_m", "q8_0", "f16") if f in ggufs), ggufs[0] if ggufs else None)
+
+
+def ecc_after():
+    """The ECC re-check after the last server (CUDA only): its target, or nothing."""
+    return [HARDWARE_AFTER] if CFG.hardware.backend == "cuda" else []
 
 
 def model_input(wildcards):
@@ -119,6 +138,8 @@ def serve_inputs(wildcards):
         "tokenizer": (MODEL_SOURCE.format(model=wildcards.model) if CFG.model.source == "synthetic"
                       else MODEL.format(model=wildcards.model, format="fp16")),
     }
+    if gpu_check_format() is not None:  # a card with ECC history is benchmarked alone before any server
+        inputs["gpu_check"] = ancient(GPU_CHECK)
     engine = CFG.engines[wildcards.engine]
     if get_engine(engine.plugin).toolchain is not None:
         inputs["toolchain"] = TOOLCHAIN_INPUTS[get_engine(engine.plugin).toolchain]()
@@ -201,7 +222,7 @@ def sample_files():
 
 def all_outputs():
     """The single source of `rule all`'s targets."""
-    return [SUMMARY, BASELINES, *sample_files(), *plot_files(), *report_pages(), DVC_METRICS,
+    return [SUMMARY, BASELINES, *sample_files(), *plot_files(), *report_pages(), DVC_METRICS, *ecc_after(),
             *([TRACKED] if CFG.tracking.enabled else [])]
 
 
@@ -226,4 +247,4 @@ def node_outputs():
     Everything downstream of these (summary, samples, plots, pages, MLflow) is bookkeeping for the submit
     host, which reads them as they come back (bakeoff.stages.node).
     """
-    return [HARDWARE, *cell_indexes(), *kernel_files()]
+    return [HARDWARE, *cell_indexes(), *kernel_files(), *ecc_after()]

@@ -17,6 +17,7 @@ rule fetch_llamacpp:
 rule build_llamacpp:
     input:
         src=lambda w: source_tree_manifest(),
+        doctor=BUILD_GATE,  # CUDA: the driver check first
     output:
         TOOLCHAIN,
     params:

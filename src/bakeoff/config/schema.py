@@ -73,6 +73,9 @@ class HardwareCfg(_Strict):
     vllm_tensor_parallel_size: PositiveInt | None = None
     # SLURM generic resource string for GPU jobs, e.g. gpu:v100:2 (None: gpu:<gpus>).
     gres: str | None = Field(default=None, pattern=r"^gpu(:[A-Za-z0-9_.-]+)?:[1-9][0-9]*$")
+    # The conda environment (a file in envs/) of the llama.cpp build and its jobs; its CUDA toolkit must fit
+    # the node's driver (the doctor checks). None: llamacpp-cuda.yaml on cuda, llamacpp.yaml on cpu.
+    llamacpp_env: str | None = Field(default=None, pattern=r"^[A-Za-z0-9_.-]+\.ya?ml$")
 
     @model_validator(mode="after")
     def _cuda_fields(self) -> HardwareCfg:
@@ -101,6 +104,11 @@ class HardwareCfg(_Strict):
     @property
     def tensor_parallel_size(self) -> int:
         return self.vllm_tensor_parallel_size or max(1, self.gpus)
+
+    @property
+    def toolchain_env(self) -> str:
+        """The llama.cpp environment's file name in envs/."""
+        return self.llamacpp_env or ("llamacpp-cuda.yaml" if self.backend == "cuda" else "llamacpp.yaml")
 
     @property
     def slurm_gres(self) -> str | None:

@@ -23,8 +23,10 @@ from pathlib import Path
 from typing import Any
 
 from bakeoff.config.schema import EngineCfg, HardwareCfg
+from bakeoff.engines.container import Container, container_name
 from bakeoff.errors import BakeoffError
 from bakeoff.hardware.gpu import server_env
+from bakeoff.hardware.memory import tree_rss
 from bakeoff.proc import ManagedProcess, ServerStartError, free_port, tail
 
 ENGINES: dict[str, type[Engine]] = {}
@@ -55,6 +57,8 @@ class ServerSpec:
     log_path: Path
     toolchain_dir: Path | None = None
     extra_env: dict[str, str] = field(default_factory=dict)
+    # The job this server belongs to (experiment, model, variant): names its container, if it runs in one.
+    job_name: str = ""
 
 
 # Wrapper errors that only point elsewhere ("see root cause above").
@@ -154,6 +158,15 @@ class Engine(abc.ABC):
         if not self._is_loopback(self.host) and not spec.engine.api_key:
             raise BakeoffError(f"refusing to bind {self.host}: a non-loopback address needs engines.<name>.api_key")
         self.process: ManagedProcess | None = None
+        image = self.container_image
+        self.container = (Container(container_name(spec.job_name or f"{self.name}-{spec.served_name}",
+                                                   spec.log_path.parent), image, spec.log_path)
+                          if image else None)
+
+    @property
+    def container_image(self) -> str | None:
+        """The image the server runs in (None: a local process)."""
+        return None
 
     @staticmethod
     def _is_loopback(host: str) -> bool:
@@ -203,8 +216,17 @@ class Engine(abc.ABC):
         host = "127.0.0.1" if self.host in ("0.0.0.0", "::") else self.host
         return f"http://{host}:{self.port}"
 
+    def prepare(self) -> None:
+        """Work before the start that the startup timeout must not count: pulling the container image."""
+        if self.container is not None:
+            self.container.pull()
+
     def start(self) -> Engine:
+        if self.container is not None:
+            self.container.remove_stale()
         self.process = ManagedProcess(self.command(), self.spec.log_path, env=self.env()).start()
+        if self.container is not None:
+            self.container.start_reaper()  # removes the container even if this process is SIGKILLed
         return self
 
     def ready(self, timeout_s: float | None = None) -> float:
@@ -216,8 +238,20 @@ class Engine(abc.ABC):
         return self.process is not None and self.process.alive()
 
     def stop(self) -> None:
+        """Stop the server; a container is stopped and removed by name (the client's exit does neither)."""
+        if self.container is not None and self.process is not None:
+            self.container.stop()
         if self.process is not None:
             self.process.stop()
+
+    def memory_bytes(self) -> int | None:
+        """Memory the server holds now: its container's, else its process tree's RSS."""
+        if self.container is not None:
+            return self.container.memory_bytes()
+        return tree_rss(self.process.pid) if self.process else None
+
+    def memory_source(self) -> str:
+        return self.container.memory_source() if self.container is not None else "process tree RSS"
 
     def pid(self) -> int | None:
         return self.process.pid if self.process else None

@@ -141,7 +141,8 @@ class VllmEngine(Engine):
             return [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--host", self.host,
                     "--port", str(self.port), *self.server_args(str(self.spec.model_dir.resolve()))]
         bind = "127.0.0.1" if self._is_loopback(self.host) else self.host
-        return ["docker", "run", "--rm", *docker_gpu_args(self.spec.hardware, os.environ), "--ipc=host",
+        assert self.container is not None
+        return [*self.container.run_prefix(), *docker_gpu_args(self.spec.hardware, os.environ), "--ipc=host",
                 "--shm-size=16g", "-p", f"{bind}:{self.port}:8000",
                 "-v", f"{self.spec.model_dir.resolve()}:{CONTAINER_MODEL_DIR}:ro", image,
                 "--host", "0.0.0.0", "--port", "8000", *self.server_args(CONTAINER_MODEL_DIR)]

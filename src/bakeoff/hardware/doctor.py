@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING, Any
 
 from bakeoff.errors import BakeoffError
 from bakeoff.hardware.cpuflags import cpu_model_name, read_cpu_flags
+from bakeoff.hardware.ecc import growth, historical_uncorrected, volatile_uncorrected
 from bakeoff.models.artifacts import atomic_write_text
 
 if TYPE_CHECKING:  # the probe also runs standalone on a bare GPU node (no pydantic there)
@@ -235,14 +236,8 @@ def topology(facts: dict[str, Any]) -> dict[str, Any]:
 
 
 def ecc_uncorrected(facts: dict[str, Any]) -> dict[str, int]:
-    """GPU -> uncorrectable ECC count (volatile or aggregate, whichever is larger), GPUs with errors only."""
-    bad: dict[str, int] = {}
-    for g in facts.get("gpus", []):
-        ecc = g.get("ecc") or {}
-        n = max(int((ecc.get(c) or {}).get("uncorrected") or 0) for c in ("volatile", "aggregate"))
-        if n:
-            bad[f"GPU{g['index']} ({g.get('name')}, {g.get('bus_id')})"] = n
-    return bad
+    """GPU -> uncorrectable ECC errors since the driver loaded (volatile): these stop a run (bakeoff.hardware.ecc)."""
+    return volatile_uncorrected(facts)
 
 
 def analyze(facts: dict[str, Any], hw: HardwareCfg, doctor: DoctorCfg) -> dict[str, Any]:
@@ -252,12 +247,27 @@ def analyze(facts: dict[str, Any], hw: HardwareCfg, doctor: DoctorCfg) -> dict[s
     if hw.backend == "cuda" and len(gpus) < hw.gpus:
         raise DoctorError(f"hardware config {hw.name!r} needs {hw.gpus} GPU(s); NVML found {len(gpus)} "
                           f"({facts.get('nvml', 'not probed')}). Pick the matching hardware= config.")
+    driver = None
+    if hw.backend == "cuda":  # before any build: the toolkit the build environment pins must fit the driver
+        from bakeoff.hardware.driver import check as driver_check
+
+        driver = driver_check(facts.get("driver_version"), hw.toolchain_env)
+        if driver["ok"] is False:
+            raise DoctorError(driver["message"])
+        if driver["message"]:
+            warnings.append(driver["message"])
     bad = ecc_uncorrected(facts)
     if bad and not doctor.allow_uncorrected_ecc:
-        raise DoctorError(f"uncorrectable ECC errors on {bad}: results from this node cannot be trusted. "
-                          "Fix or drain the GPU, or override with doctor.allow_uncorrected_ecc=true")
+        raise DoctorError(f"uncorrectable ECC errors since boot (volatile) on {bad}: results from this node cannot "
+                          "be trusted. Fix or drain the GPU, or override with doctor.allow_uncorrected_ecc=true")
     if bad:
-        warnings.append(f"uncorrectable ECC errors on {bad}, allowed by doctor.allow_uncorrected_ecc")
+        warnings.append(f"uncorrectable ECC errors since boot on {bad}, allowed by doctor.allow_uncorrected_ecc")
+    history = historical_uncorrected(facts)
+    if history:
+        warnings.append(f"historical (aggregate) uncorrectable ECC errors on {history}, none since boot: rule "
+                        "gpu_check benchmarks each GPU alone before any server where a llama.cpp toolchain is "
+                        "configured (results/gpu-check.json), and the run stops if any count grows while it "
+                        "measures (results/hardware-after.json)")
     used = gpus[: hw.gpus] if hw.backend == "cuda" else []
     cc = min((_cc(g) for g in used), default=None)
     caps = capabilities(cc, (facts.get("cpu") or {}).get("flags"))
@@ -273,7 +283,7 @@ def analyze(facts: dict[str, Any], hw: HardwareCfg, doctor: DoctorCfg) -> dict[s
     elif gpus:
         warnings.append(f"hardware config {hw.name!r} is CPU-only; {len(gpus)} GPU(s) present are not used")
     return {"compute_capability": cc, "capabilities": caps, "topology": topo,
-            "ecc_uncorrected": bad, "warnings": warnings}
+            "ecc_uncorrected": bad, "ecc_history": history, "driver_check": driver, "warnings": warnings}
 
 
 def run(hw: HardwareCfg, doctor: DoctorCfg, out: Path, facts: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -285,8 +295,31 @@ def run(hw: HardwareCfg, doctor: DoctorCfg, out: Path, facts: dict[str, Any] | N
     return report
 
 
+def recheck(before: Path, out: Path, facts: dict[str, Any] | None = None) -> dict[str, Any]:
+    """After the last server: stop if any uncorrectable count grew since the doctor's record ``before``.
+
+    Growth stops the run even with ``doctor.allow_uncorrected_ecc`` (that override accepts a known count, not
+    errors appearing during the measurement). The record is written either way; Snakemake drops it if we raise.
+    """
+    record = json.loads(Path(before).read_text())
+    if not record.get("gpus"):
+        rep = {"schema": SCHEMA, "checked": False, "reason": "no GPUs in the doctor's record", "grew": []}
+        atomic_write_text(out, json.dumps(rep, indent=2) + "\n")
+        return rep
+    now = facts if facts is not None else probe_gpus()
+    grew = growth(record, now)
+    rep = {"schema": SCHEMA, "checked": True, "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+           "before_created": record.get("created"), "grew": grew,
+           "gpus": [{"uuid": g["uuid"], "index": g["index"], "ecc": g.get("ecc")} for g in now.get("gpus", [])]}
+    atomic_write_text(out, json.dumps(rep, indent=2) + "\n")
+    if grew:
+        raise DoctorError("uncorrectable ECC errors appeared while this run measured: " + "; ".join(grew)
+                          + ". Its results cannot be trusted; drain the GPU and re-run.")
+    return rep
+
+
 def ecc_gate(hw: HardwareCfg, doctor: DoctorCfg) -> None:
-    """Re-check ECC right before a server starts (cheap; the doctor's file may be hours old)."""
+    """Re-check volatile ECC right before a server starts (cheap; the doctor's file may be hours old)."""
     if hw.backend != "cuda" or doctor.allow_uncorrected_ecc:
         return
     bad = ecc_uncorrected(probe_gpus())

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
+from collections.abc import Callable
 
 import psutil
 
@@ -42,8 +43,11 @@ def gpu_used_bytes() -> int | None:
 
 
 class PeakSampler:
-    def __init__(self, pid: int, interval_s: float = 0.25, gpu: bool = False) -> None:
+    def __init__(self, pid: int, interval_s: float = 0.25, gpu: bool = False,
+                 sample: Callable[[], int | None] | None = None) -> None:
+        """``sample`` reads the server's memory (a container's cgroup); default: ``pid``'s process tree RSS."""
         self.pid = pid
+        self.sample = sample or (lambda: tree_rss(pid))
         self.interval_s = interval_s
         self.gpu = gpu
         self.peak_rss = 0
@@ -53,7 +57,7 @@ class PeakSampler:
 
     def _run(self) -> None:
         while not self._stop.is_set():
-            self.peak_rss = max(self.peak_rss, tree_rss(self.pid))
+            self.peak_rss = max(self.peak_rss, self.sample() or 0)
             if self.gpu:
                 used = gpu_used_bytes()
                 if used is not None:
@@ -61,7 +65,7 @@ class PeakSampler:
             self._stop.wait(self.interval_s)
 
     def reset(self) -> None:
-        self.peak_rss = tree_rss(self.pid)
+        self.peak_rss = self.sample() or 0
         self.peak_gpu = None
 
     def __enter__(self) -> PeakSampler:

@@ -48,8 +48,8 @@ TRIM = ["models/*", "docs/*", "benches/*", "tests/*", "examples/*", "media/*", "
         "ggml/src/ggml-opencl/*", "ggml/src/ggml-webgpu/*", "ggml/src/ggml-hexagon/*", "ggml/src/ggml-zdnn/*",
         "*.gguf"]
 # What comes back from the node: results the node makes, the manifests of what it built, and the logs.
-COLLECT = ["results/hardware.json", "results/raw/**", "results/kernel/**", "logs/**", "models/*/*/manifest.json",
-           "build/llamacpp/*-cuda*/manifest.json", "node.json"]
+COLLECT = ["results/hardware.json", "results/hardware-after.json", "results/gpu-check.json", "results/raw/**",
+           "results/kernel/**", "logs/**", "models/*/*/manifest.json", "build/llamacpp/*-cuda*/manifest.json", "node.json"]
 OLD_MTIME = 946684800  # 2000-01-01: the carried source tree predates everything the node builds from it
 
 NODE_SH = r"""#!/bin/bash

@@ -30,6 +30,7 @@ The server is always stopped -- on success, error, SIGTERM or Ctrl-C.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -37,6 +38,7 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -44,6 +46,7 @@ from typing import Any
 from bakeoff.config.schema import EngineCfg, EvalCfg, HardwareCfg, LoadCfg
 from bakeoff.engines import ServerSpec, get_engine
 from bakeoff.engines.base import Engine
+from bakeoff.engines.container import ImagePullError
 from bakeoff.errors import BakeoffError
 from bakeoff.hardware.memory import PeakSampler
 from bakeoff.layout import CELLS_INDEX, EVAL_SERVER_LOG, SAMPLES_FILE, SERVER_LOG, cell_name, variant_name
@@ -140,6 +143,10 @@ class Session:
         refusal = self.engine.refusal_before_start()
         if refusal is not None:
             return type(self.engine).start_failure_status(refusal), refusal
+        try:
+            self.engine.prepare()  # the image pull: its own step, outside the startup timeout
+        except ImagePullError as e:
+            return "failed", str(e)
         self.engine.start()
         try:
             self.startup_s = self.engine.ready()
@@ -162,14 +169,24 @@ def run(*, engine_cfg: EngineCfg, hardware: HardwareCfg, load: LoadCfg, experime
         launcher_pid: int | None = None, eval_cfg: EvalCfg | None = None, eval_toolchain_dir: Path | None = None,
         synthetic: bool = False) -> dict[str, Any]:
     """Run every pending cell of one variant; returns the index written to ``cells.json``."""
-    old = {s: signal.signal(s, _on_signal) for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)}
-    if launcher_pid is not None:
-        watch_launcher(launcher_pid)
-    try:
+    with stop_on_signals(launcher_pid):
         return _run(engine_cfg=engine_cfg, hardware=hardware, load=load, experiment=experiment, model=model, fmt=fmt,
                     engine_name=engine_name, model_dir=model_dir, tokenizer_dir=tokenizer_dir, out_dir=out_dir,
                     toolchain_dir=toolchain_dir, slos_ms=slos_ms, show_progress=show_progress,
                     eval_cfg=eval_cfg or EvalCfg(), eval_toolchain_dir=eval_toolchain_dir, synthetic=synthetic)
+
+
+@contextlib.contextmanager
+def stop_on_signals(launcher_pid: int | None) -> Iterator[None]:
+    """Turn SIGTERM, SIGINT, SIGHUP and the launcher's death into :class:`Interrupted` inside the block.
+
+    The exception unwinds through the callers' ``finally`` blocks, which stop the server (and its container).
+    """
+    old = {s: signal.signal(s, _on_signal) for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)}
+    if launcher_pid is not None:
+        watch_launcher(launcher_pid)
+    try:
+        yield
     finally:
         for s, h in old.items():
             signal.signal(s, h)
@@ -188,7 +205,8 @@ def _run(*, engine_cfg: EngineCfg, hardware: HardwareCfg, load: LoadCfg, experim
     out_dir.mkdir(parents=True, exist_ok=True)
     tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
     spec = ServerSpec(engine=engine_cfg, hardware=hardware, model_dir=model_dir, served_name=model,
-                      log_path=out_dir / SERVER_LOG, toolchain_dir=toolchain_dir)
+                      log_path=out_dir / SERVER_LOG, toolchain_dir=toolchain_dir,
+                      job_name=f"{experiment}-{model}-{variant_name(engine_name, fmt)}")
     session = Session(spec, engine_cfg.plugin)
     base = {"experiment": experiment, "model": model, "engine": engine_name, "format": fmt,
             "hardware": hardware.name, "output_len": load.output_len,
@@ -316,7 +334,7 @@ class QualityPlan:
         assert cfg is not None
         spec = ServerSpec(engine=cfg, hardware=load_spec.hardware, model_dir=load_spec.model_dir,
                           served_name=model, log_path=self.out_dir / EVAL_SERVER_LOG,
-                          toolchain_dir=self.eval_toolchain_dir)
+                          toolchain_dir=self.eval_toolchain_dir, job_name=f"{load_spec.job_name}-eval")
         session = Session(spec, cfg.plugin)
         try:
             status = session.start()
@@ -362,7 +380,9 @@ def _run_pending(session: Session, pending: list[Cell], base: dict, load: LoadCf
         engine = session.engine
         assert engine is not None
         window = MeasuredWindow(engine, gpu=gpu)  # GPU telemetry and server metrics, warm-up excluded
-        with PeakSampler(engine.pid() or os.getpid()) as mem:  # RSS; GPU memory: the window, its own GPUs
+        # The server's memory: its process tree's RSS, or its container's (never the docker client's);
+        # GPU memory comes from the window, on the server's own GPUs.
+        with PeakSampler(engine.pid() or os.getpid(), sample=engine.memory_bytes) as mem:
             t_cell = time.time()
             res = run_cell(base_url=engine.base_url, model=base["model"], prompts=measured,
                            prompt_len=cell.prompt_len, output_len=load.output_len, concurrency=cell.concurrency,
@@ -386,6 +406,7 @@ def _run_pending(session: Session, pending: list[Cell], base: dict, load: LoadCf
         _write_json(out_dir / f"{cell.name}.json",
                     {**_cell_base(base, cell, n, versions, session.startup_s), "status": cell_status,
                      "reason": cell_reason, **metrics, **res.client, "peak_rss_bytes": mem.peak_rss,
+                     "memory_source": engine.memory_source(),
                      "peak_gpu_bytes": mem.peak_gpu, **telemetry, "started_utc": t_cell,
                      "ended_utc": t_end})
     return "ok", ""

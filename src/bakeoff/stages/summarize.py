@@ -28,7 +28,7 @@ COLUMNS = [
     "median_ttft_ms", "p99_ttft_ms", "median_tpot_ms", "p99_tpot_ms",
     "median_itl_ms", "p99_itl_ms", "median_e2el_ms", "p99_e2el_ms",
     "mean_ttft_ms", "mean_tpot_ms", "request_goodput",
-    "peak_rss_bytes", "peak_gpu_bytes", "weight_bytes", "bits_per_weight", "n_params",
+    "peak_rss_bytes", "memory_source", "peak_gpu_bytes", "weight_bytes", "bits_per_weight", "n_params",
     "startup_s", "client_cpu_s_per_1k_tokens", "client_loop_lag_p99_ms",
     "server_median_tpot_ms", "server_median_prompt_ms",
     *[c for c in TELEMETRY_COLUMNS if c != "peak_gpu_bytes"], *SCRAPE_COLUMNS,

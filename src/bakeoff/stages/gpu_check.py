@@ -1,0 +1,60 @@
+"""Stage: the seed's single-card benchmark, run when a GPU has historical uncorrectable ECC errors.
+
+Why: an aggregate (lifetime) uncorrectable count with none since boot is
+history, not proof of a bad card (bakeoff.hardware.ecc). The seed settled it by
+benchmarking each card alone; so does this, before any server starts: a short
+llama-bench per GPU, pinned to that GPU by UUID, judged against its twin.
+A card that fails or is slower than its twin stops the run (unless
+``doctor.allow_uncorrected_ecc``); without ECC history nothing runs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from bakeoff.engines.base import THREAD_CAPS
+from bakeoff.engines.toolchain import toolchain_bin
+from bakeoff.hardware.doctor import DoctorError
+from bakeoff.hardware.ecc import BENCH_GEN, SLOWER_THAN_TWIN, flagged, judge, plan_single_gpu_bench
+from bakeoff.hardware.gpu import MULTICAST_OFF
+from bakeoff.layout import GGUF_NAME
+from bakeoff.models.artifacts import atomic_write_text
+from bakeoff.results.llamabench import parse_records
+
+
+def _tg(stdout: str) -> float | None:
+    try:
+        tests = {m["test"]: m for m in parse_records(json.loads(stdout))}
+    except (json.JSONDecodeError, KeyError, TypeError, ValueError):
+        return None
+    return tests.get(f"tg{BENCH_GEN}", {}).get("tok_s")
+
+
+def run(*, record: Path, model_dir: Path, toolchain_dir: Path, out: Path, allow: bool = False) -> dict[str, Any]:
+    facts = json.loads(Path(record).read_text())
+    history = facts.get("ecc_history") or {}
+    if not history:
+        rep: dict[str, Any] = {"needed": False, "reason": "no GPU has historical uncorrectable ECC errors"}
+        atomic_write_text(out, json.dumps(rep, indent=2) + "\n")
+        return rep
+    plan = plan_single_gpu_bench(facts, str(toolchain_bin(toolchain_dir, "llama-bench")), str(model_dir / GGUF_NAME))
+    results = []
+    for p in plan:
+        env = {k: v for k, v in os.environ.items() if k not in THREAD_CAPS} | MULTICAST_OFF | p["env"]
+        print(f"$ CUDA_VISIBLE_DEVICES={p['uuid']} " + " ".join(p["command"]), file=sys.stderr, flush=True)
+        proc = subprocess.run(p["command"], capture_output=True, text=True, env=env, timeout=1800)
+        sys.stderr.write(proc.stderr[-3000:])
+        results.append({**p, "returncode": proc.returncode, "tg_tok_s": _tg(proc.stdout)})
+    verdicts = judge(results)
+    rep = {"needed": True, "history": history, "tolerance": SLOWER_THAN_TWIN, "cards": verdicts}
+    atomic_write_text(out, json.dumps(rep, indent=2) + "\n")
+    bad = flagged(verdicts)
+    if bad and not allow:
+        raise DoctorError("the single-card check flags " + "; ".join(bad) + ". Drain that GPU (or pin "
+                          "hardware.visible_devices to the others), or override with doctor.allow_uncorrected_ecc=true")
+    return rep
