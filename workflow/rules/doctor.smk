@@ -31,7 +31,7 @@ rule gpu_check:
     output:
         GPU_CHECK,
     params:
-        spec=lambda w, input: json.dumps({"record": input.hardware, "doctor": CFG.doctor.model_dump(mode="json")}),
+        spec=lambda w, input: spec_file(json.dumps({"record": input.hardware, "doctor": CFG.doctor.model_dump(mode="json")})),
     threads: workflow.cores
     resources:
         **GPU_RESOURCES,
