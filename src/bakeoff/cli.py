@@ -488,9 +488,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    from bakeoff.stages.serve_load import Interrupted
+
     try:
         args.func(args)
-    except BakeoffError as e:
+    except (BakeoffError, Interrupted) as e:
         print(f"bakeoff: error: {e}", file=sys.stderr)
         return 2
     return 0

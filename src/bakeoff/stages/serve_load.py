@@ -90,8 +90,12 @@ def _write_jsonl(path: Path, rows: list[dict]) -> None:
     atomic_write_text(path, "".join(json.dumps(r) + "\n" for r in rows))
 
 
-class Interrupted(BakeoffError):
-    """The stage was signalled (Ctrl-C, SIGTERM, its launcher died); the server has been stopped."""
+class Interrupted(BaseException):
+    """The stage was signalled (Ctrl-C, SIGTERM, its launcher died); the server has been stopped.
+
+    A BaseException, as KeyboardInterrupt is: raised from a signal handler it can land inside any code,
+    and an ``except Exception`` there (a quality task's, a client library's) must not swallow the stop.
+    """
 
 
 def _on_signal(signum: int, _frame: Any) -> None:
