@@ -201,7 +201,7 @@ def test_cli_load_runs_against_any_openai_server(models: Path, tmp_path: Path) -
                        "--concurrency", "2", "--prompt-len", "64", "--output-len", "16", "--num-requests", "4",
                        "--records", str(tmp_path / "r.jsonl"))
     assert proc.returncode == 0, proc.stderr
-    m = json.loads(proc.stdout[proc.stdout.index("{"):])
+    m = json.loads(proc.stdout)  # stdout is pure JSON: the progress bar is on stderr
     assert m["completed"] == 4 and m["total_output_tokens"] == 64
     assert len((tmp_path / "r.jsonl").read_text().splitlines()) == 4
 

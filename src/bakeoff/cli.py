@@ -53,6 +53,9 @@ def _cmd_summarize(a: argparse.Namespace) -> None:
         columns += [c for c in extend(records, json.loads(Path(a.points).read_text()),
                                       Path(a.published) if a.published else None, facts)
                     if c not in columns]
+    from bakeoff.results import spread  # spread across repeats, and differences beyond it
+
+    columns += [c for c in spread.extend(records) if c not in columns]
     write_csv(Path(a.out), records, columns)
 
 

@@ -185,6 +185,9 @@ class LoadCfg(_Strict):
     requests_per_concurrency: NonNegativeInt = 0  # per cell: max(num_requests, this * concurrency)
     warmup_requests: NonNegativeInt = 0
     repeats: PositiveInt = 1
+    # Each repeat after the first runs on a fresh server start, so the spread across repeats (the noise
+    # floor of every comparison, bakeoff.results.spread) includes restart drift.
+    restart_between_repeats: bool = True
     request_rate: PositiveFloat | None = None
     temperature: float = Field(default=0.0, ge=0.0)
     slo_ms: SloCfg = SloCfg()

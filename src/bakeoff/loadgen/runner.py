@@ -16,9 +16,11 @@ from typing import Any
 
 import aiohttp
 import numpy as np
+from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from bakeoff.loadgen.client import send
+from bakeoff.loadgen.health import verdict
 from bakeoff.loadgen.metrics import RequestRecord
 
 
@@ -26,7 +28,7 @@ from bakeoff.loadgen.metrics import RequestRecord
 class CellResult:
     records: list[RequestRecord]
     duration_s: float
-    client: dict[str, float] = field(default_factory=dict)
+    client: dict[str, Any] = field(default_factory=dict)
 
 
 def _cpu_seconds() -> float:
@@ -92,7 +94,8 @@ async def run_cell_async(
         sem = asyncio.Semaphore(concurrency)
         done_times: list[float] = []
         progress = Progress(TextColumn(f"[bold]{label}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                            disable=not show_progress, transient=False)
+                            disable=not show_progress, transient=False,
+                            console=Console(stderr=True))  # stdout stays the caller's (`bakeoff load` prints JSON)
         if on_measure_start is not None:
             on_measure_start()
         cpu0 = _cpu_seconds()
@@ -115,6 +118,7 @@ async def run_cell_async(
                     tasks.append(asyncio.create_task(one(i)))
                     await asyncio.sleep(float(rng.exponential(1.0 / request_rate)))
                 await asyncio.gather(*tasks)
+        wall = time.perf_counter() - t0
         if on_measure_end is not None:
             on_measure_end()
         cpu = _cpu_seconds() - cpu0
@@ -127,7 +131,10 @@ async def run_cell_async(
         "client_cpu_s": cpu,
         "client_cpu_s_per_1k_tokens": 1000.0 * cpu / streamed if streamed else float("nan"),
         "client_loop_lag_p99_ms": float(np.percentile(lag, 99) * 1000.0) if lag else 0.0,
+        # The client's CPU time over the measured window's wall time: 1.0 is one core, the most one event loop uses.
+        "client_cpu_share": cpu / wall if wall > 0 else float("nan"),
     }
+    client.update(verdict(client))
     return CellResult(records, duration, client)
 
 

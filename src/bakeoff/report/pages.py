@@ -12,8 +12,10 @@ import json
 from pathlib import Path
 from typing import Any
 
+from bakeoff.layout import variant_name
 from bakeoff.models.artifacts import atomic_write_text
 from bakeoff.report.plots import read_summary
+from bakeoff.results import spread
 
 STYLE = """<style>body{font-family:sans-serif;font-size:13px}table{border-collapse:collapse}
 td,th{border:1px solid #ccc;padding:2px 6px;text-align:right;white-space:nowrap}th{background:#eee;position:sticky;top:0}
@@ -48,7 +50,47 @@ def summary_html(summary: Path, out: Path) -> None:
     n_ok = sum(r.get("status") == "ok" for r in rows)
     atomic_write_text(out, f"<html><head><meta charset='utf-8'>{STYLE}</head><body>"
                            f"<h2>Summary: {len(rows)} cells, {n_ok} ok</h2>"
+                           f"{differences_html(rows)}{status_disagreements_html(rows)}"
                            f"<table><tr>{head}</tr>{''.join(body)}</table></body></html>\n")
+
+
+def _list(title: str, lines: list[str]) -> str:
+    items = "".join(f"<li>{html.escape(x)}</li>" for x in lines) or "<li>none</li>"
+    return f"<h4>{html.escape(title)} ({len(lines)})</h4><ul>{items}</ul>"
+
+
+def differences_html(rows: list[dict[str, str]]) -> str:
+    """Each variant against its engine's 16-bit variant (and the engines' 16-bit variants against each other).
+
+    Significant means beyond the spread of the repeats (Welch's t-test, p < 0.05; bakeoff.results.spread);
+    with one repeat a side there is no verdict, and the page says how many comparisons that leaves out.
+    """
+    found = spread.comparisons(rows)
+    sig = [c.line() for c in found if c.diff.significant]
+    not_sig = [c.line() for c in found if c.diff.significant is False]
+    no_verdict = sum(c.diff.significant is None for c in found)
+    note = (f"<p>{no_verdict} comparisons have fewer than 2 ok repeats a side and no verdict "
+            f"(set load.repeats &ge; 2).</p>" if no_verdict else "")
+    return (f"<h3>Differences beyond the noise floor (Welch's t-test on the repeats, p &lt; {spread.ALPHA})</h3>"
+            f"{_list('Significant', sig)}{_list('Not significant', not_sig)}{note}")
+
+
+def status_disagreements_html(rows: list[dict[str, str]]) -> str:
+    """Variants whose measured status contradicts the doctor's prediction.
+
+    Predicted ``unsupported`` but it ran (ok/degraded), or predicted ``supported`` but the engine refused it
+    (``unsupported``). A ``failed`` cell says nothing about capability, so it is no disagreement.
+    """
+    seen: dict[tuple[str, str, str], tuple[str, str, str]] = {}
+    for r in rows:
+        predicted, status = r.get("predicted_status", ""), r.get("status", "")
+        ran = status in ("ok", "degraded")
+        if (predicted == "unsupported" and ran) or (predicted == "supported" and status == "unsupported"):
+            seen.setdefault((r.get("experiment", ""), r.get("engine", ""), r.get("format", "")),
+                            (predicted, status, r.get("reason") or r.get("predicted_reason", "")))
+    lines = [f"{e} {variant_name(g, f)}: predicted {p}, measured {s}: {why[:300]}"
+             for (e, g, f), (p, s, why) in sorted(seen.items())]
+    return _list("Predicted vs measured status: disagreements", lines)
 
 
 def _kv_table(title: str, data: dict[str, Any]) -> str:

@@ -75,7 +75,8 @@ class Cell:
 
 
 def cells_of(load: LoadCfg) -> list[Cell]:
-    return [Cell(c, p, r) for c in load.concurrency for p in load.prompt_len for r in range(load.repeats)]
+    """Repeat-major: each repeat is a pass over the whole matrix (on its own server start, see _run_pending)."""
+    return [Cell(c, p, r) for r in range(load.repeats) for c in load.concurrency for p in load.prompt_len]
 
 
 def requests_for(load: LoadCfg, concurrency: int) -> int:
@@ -140,10 +141,12 @@ class Session:
         self.plugin = plugin
         self.engine: Engine | None = None
         self.startup_s: float | None = None
+        self.starts = 0  # server starts so far; each cell records the one it ran on (``server_start``)
 
     def start(self) -> tuple[str, str]:
         """Start and wait; returns ("ok", "") or (status, reason)."""
         self.engine = get_engine(self.plugin)(self.spec)
+        self.starts += 1
         refusal = self.engine.refusal_before_start()
         if refusal is not None:
             return type(self.engine).start_failure_status(refusal), refusal
@@ -219,7 +222,9 @@ def _run(*, engine_cfg: EngineCfg, hardware: HardwareCfg, load: LoadCfg, experim
             "request_rate": load.request_rate, "engine_settings": engine_cfg.settings,
             "engine_extra_args": engine_cfg.extra_args, "load_note": load_note}
     # Cells are reused only if made with exactly these settings (a changed setting re-runs them all).
-    base["spec_hash"] = hashlib.sha256(json.dumps([base, load.model_dump(mode="json")], sort_keys=True,
+    # With one repeat the restart knob changes nothing, so cells made before it existed stay reusable.
+    load_spec = load.model_dump(mode="json", exclude={"restart_between_repeats"} if load.repeats == 1 else None)
+    base["spec_hash"] = hashlib.sha256(json.dumps([base, load_spec], sort_keys=True,
                                                   default=str).encode()).hexdigest()[:16]
     cells = cells_of(load)
 
@@ -367,9 +372,14 @@ def _run_pending(session: Session, pending: list[Cell], base: dict, load: LoadCf
         print(f"{base['engine']}-{base['format']}: {status}: {reason}", file=sys.stderr)
         return status, reason
     count_tokens = lambda text: len(tokenizer.encode(text, add_special_tokens=False))  # noqa: E731
+    served_repeat: int | None = None  # the repeat this server start has served
     for i, cell in enumerate(pending):
-        if not session.engine or not session.engine.alive():
-            status, reason = session.start()  # the previous cell killed it: restart for the rest
+        # A new repeat gets a fresh server, so the spread across repeats includes restart drift.
+        new_repeat = load.restart_between_repeats and served_repeat is not None and cell.repeat != served_repeat
+        if new_repeat or not session.engine or not session.engine.alive():
+            session.stop()
+            served_repeat = None
+            status, reason = session.start()  # a new repeat, or the previous cell killed it
             if status != "ok":
                 for rest in pending[i:]:
                     n = requests_for(load, rest.concurrency)
@@ -377,6 +387,7 @@ def _run_pending(session: Session, pending: list[Cell], base: dict, load: LoadCf
                                 {**_cell_base(base, rest, n, versions, None), "status": "failed",
                                  "reason": f"server restart failed: {reason}", "completed": 0, "failed": n})
                 return status, reason
+        served_repeat = cell.repeat
         n = requests_for(load, cell.concurrency)
         seed = hash((cell.concurrency, cell.prompt_len, cell.repeat)) & 0xFFFF_FFFF
         prompts = make_prompts(tokenizer, cell.prompt_len, n + load.warmup_requests, seed=seed, tag=f"{cell.name}-")
@@ -412,7 +423,7 @@ def _run_pending(session: Session, pending: list[Cell], base: dict, load: LoadCf
                      "reason": cell_reason, **metrics, **res.client, "peak_rss_bytes": mem.peak_rss,
                      "memory_source": engine.memory_source(),
                      "peak_gpu_bytes": mem.peak_gpu, **telemetry, "started_utc": t_cell,
-                     "ended_utc": t_end})
+                     "ended_utc": t_end, "server_start": session.starts})
     return "ok", ""
 
 

@@ -1,0 +1,80 @@
+"""Where bakeoff's client becomes the bottleneck: the measurement behind bakeoff.loadgen.health's thresholds.
+
+A stand-in server (bakeoff.loadgen.echo_server, in its own process so its CPU is
+not the client's) streams every request at a fixed time per token, so the true
+TPOT is known. The client runs closed-loop at rising concurrency. While the
+client keeps up, its measured median TPOT stays at the server's; where it
+exceeds it, the client is the bottleneck. Each row prints the client's CPU
+share of the measured window and its event-loop lag p99 beside that TPOT
+excess, which is what the saturation thresholds are read from.
+
+    .venv/bin/python benchmarks/client_saturation.py --token-delay-ms 10 --concurrency 1 8 32 64 128 256
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+
+import psutil
+
+from bakeoff.loadgen.metrics import summarize
+from bakeoff.loadgen.runner import run_cell
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--token-delay-ms", type=float, default=10.0)
+    p.add_argument("--output-len", type=int, default=64)
+    p.add_argument("--requests-per-concurrency", type=int, default=4)
+    p.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32, 64, 128, 256])
+    a = p.parse_args()
+    port = _free_port()
+    server = subprocess.Popen([sys.executable, "-m", "bakeoff.loadgen.echo_server", "--port", str(port),
+                               "--token-delay-ms", str(a.token_delay_ms)])
+    url = f"http://127.0.0.1:{port}"
+    try:
+        for _ in range(100):
+            try:
+                urllib.request.urlopen(url + "/health", timeout=1)
+                break
+            except OSError:
+                time.sleep(0.1)
+        print("concurrency  tok/s  median_tpot_ms  tpot_excess_pct  client_cpu_share  loop_lag_p99_ms  server_cpu_share")
+        proc = psutil.Process(server.pid)
+        rows = []
+        for c in a.concurrency:
+            n = max(8, a.requests_per_concurrency * c)
+            s0, t0 = sum(proc.cpu_times()[:2]), time.perf_counter()
+            res = run_cell(base_url=url, model="m", prompts=[f"prompt {i}" for i in range(n)], prompt_len=2,
+                           output_len=a.output_len, concurrency=c, warmup_prompts=["w"] * min(c, 8),
+                           show_progress=False)
+            server_share = (sum(proc.cpu_times()[:2]) - s0) / (time.perf_counter() - t0)  # warm-up included
+            m = {**summarize(res.records, res.duration_s), **res.client}
+            excess = 100.0 * (m["median_tpot_ms"] / a.token_delay_ms - 1.0) if a.token_delay_ms else float("nan")
+            row = {"concurrency": c, "output_throughput": m["output_throughput"], "median_tpot_ms": m["median_tpot_ms"],
+                   "tpot_excess_pct": excess, "client_cpu_share": m["client_cpu_share"],
+                   "client_loop_lag_p99_ms": m["client_loop_lag_p99_ms"], "server_cpu_share": server_share,
+                   "failed": m["failed"]}
+            rows.append(row)
+            print(f"{c:11d} {row['output_throughput']:6.0f} {row['median_tpot_ms']:15.2f} {excess:16.1f} "
+                  f"{row['client_cpu_share']:17.2f} {row['client_loop_lag_p99_ms']:16.1f} {server_share:17.2f}", flush=True)
+        print(json.dumps(rows))
+    finally:
+        server.terminate()
+        server.wait(10)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,91 @@
+"""A trivially fast OpenAI-compatible streaming server, to measure the client alone.
+
+Why: the client's own limits (CPU, event-loop lag) only show when the server
+costs nothing. This server answers ``/v1/completions`` with ``max_tokens``
+one-token chunks, as fast as the socket takes them, plus the ``usage`` chunk
+real servers send, so every byte the client parses looks like a real stream.
+It serves the client-saturation measurement (benchmarks/client_saturation.py)
+and the tests of the load generator that need no model.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import orjson
+from aiohttp import web
+
+
+async def _completions(request: web.Request) -> web.StreamResponse:
+    delay_s = request.app[TOKEN_DELAY]
+    body = await request.json()
+    n = int(body.get("max_tokens") or 16)
+    resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+    await resp.prepare(request)
+    chunk = b"data: " + orjson.dumps({"id": "x", "object": "text_completion", "model": body.get("model"),
+                                       "choices": [{"index": 0, "text": " t", "finish_reason": None}]}) + b"\n\n"
+    for _ in range(n):  # one serialized chunk, sent n times: the server's cost per token stays tiny
+        await resp.write(chunk)
+        if delay_s:
+            await asyncio.sleep(delay_s)
+    usage = {"prompt_tokens": len(str(body.get("prompt", "")).split()), "completion_tokens": n,
+             "total_tokens": n}
+    await resp.write(b"data: " + orjson.dumps({"choices": [], "usage": usage}) + b"\n\n")
+    await resp.write(b"data: [DONE]\n\n")
+    await resp.write_eof()
+    return resp
+
+
+async def _health(_request: web.Request) -> web.Response:
+    return web.json_response({"status": "ok"})
+
+
+TOKEN_DELAY = web.AppKey("token_delay_s", float)
+
+
+def app(token_delay_s: float = 0.0) -> web.Application:
+    """``token_delay_s``: the server's time per output token (0: as fast as the client reads)."""
+    a = web.Application()
+    a[TOKEN_DELAY] = token_delay_s
+    a.router.add_post("/v1/completions", _completions)
+    a.router.add_get("/health", _health)
+    return a
+
+
+@contextmanager
+def serving(host: str = "127.0.0.1", token_delay_s: float = 0.0) -> Iterator[str]:
+    """Run the server on a free port in a background thread of this process; yields its base URL."""
+    loop = asyncio.new_event_loop()
+    runner = web.AppRunner(app(token_delay_s), access_log=None)
+    loop.run_until_complete(runner.setup())
+    site = web.TCPSite(runner, host, 0)
+    loop.run_until_complete(site.start())
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    thread = threading.Thread(target=loop.run_forever, daemon=True, name="echo-server")
+    thread.start()
+    try:
+        yield f"http://{host}:{port}"
+    finally:
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(timeout=10)
+        loop.run_until_complete(runner.cleanup())
+        loop.close()
+
+
+def main(argv: list[str] | None = None) -> None:
+    """``python -m bakeoff.loadgen.echo_server --port N``: serve in its own process (its CPU is not the client's)."""
+    import argparse
+
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, required=True)
+    p.add_argument("--token-delay-ms", type=float, default=0.0)
+    a = p.parse_args(argv)
+    web.run_app(app(a.token_delay_ms / 1000.0), host=a.host, port=a.port, access_log=None, print=None)
+
+
+if __name__ == "__main__":
+    main()

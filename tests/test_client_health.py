@@ -1,0 +1,106 @@
+"""The client's verdict on itself (bakeoff.loadgen.health) and repeats on fresh servers, against llama-server."""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from bakeoff.config.compose import load_config
+from bakeoff.config.schema import LoadCfg
+from bakeoff.engines import ServerSpec, get_engine
+from bakeoff.loadgen import health
+from bakeoff.loadgen.prompts import make_prompts
+from bakeoff.loadgen.runner import run_cell
+from bakeoff.stages import serve_load
+
+from conftest import MODEL, ROOT, results_root, snakemake
+
+
+def test_verdict_names_each_threshold_it_passed() -> None:
+    ok = health.verdict({"client_loop_lag_p99_ms": 3.0, "client_cpu_share": 0.05})
+    assert ok == {"client_saturated": False, "client_saturated_reason": ""}
+    both = health.verdict({"client_loop_lag_p99_ms": 180.0, "client_cpu_share": 0.9})
+    assert both["client_saturated"] and "lag p99 180.0 ms > 25 ms" in both["client_saturated_reason"]
+    assert "CPU 0.90 of the cell's wall time > 0.3" in both["client_saturated_reason"]
+
+
+@pytest.fixture(scope="module")
+def llama(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    """The embedded model's q4_k_m GGUF and its toolchain (made by the pipeline's own rules if missing)."""
+    root = results_root(tmp_path_factory.mktemp("build"))
+    snakemake("--cores", "all", f"models/{MODEL}/q4_k_m/manifest.json", f"models/{MODEL}/fp16/manifest.json",
+              cwd=root)
+    cfg = load_config([])
+    return dict(cfg=cfg, models=ROOT / "models" / MODEL, toolchain=next((ROOT / "build" / "llamacpp").glob("*-cpu")))
+
+
+@pytest.fixture
+def server(llama: dict, tmp_path: Path) -> Iterator[str]:
+    cfg = llama["cfg"]
+    spec = ServerSpec(engine=cfg.engines["llamacpp"], hardware=cfg.hardware, model_dir=llama["models"] / "q4_k_m",
+                      served_name="smol", log_path=tmp_path / "server.log", toolchain_dir=llama["toolchain"])
+    with get_engine("llamacpp")(spec) as engine:
+        engine.ready(120)
+        yield engine.base_url
+
+
+def _cell(url: str, tokenizer_dir: Path, on_start: Callable[[], None] | None = None,
+          on_end: Callable[[], None] | None = None) -> dict:
+    from transformers import AutoTokenizer
+
+    prompts = make_prompts(AutoTokenizer.from_pretrained(tokenizer_dir), 32, 6, seed=1)
+    res = run_cell(base_url=url, model="smol", prompts=prompts[1:], prompt_len=32, output_len=32, concurrency=2,
+                   warmup_prompts=prompts[:1], show_progress=False, on_measure_start=on_start, on_measure_end=on_end)
+    assert all(r.success for r in res.records)
+    return res.client
+
+
+@pytest.mark.slow
+def test_a_client_busy_in_its_own_event_loop_is_flagged_saturated(server: str, llama: dict) -> None:
+    """The same cell twice on one llama-server: as is, then with 80 ms CPU bursts blocking the client's loop."""
+    calm = _cell(server, llama["models"] / "fp16")
+    stop = False
+
+    async def hog() -> None:
+        while not stop:
+            t = time.perf_counter()
+            while time.perf_counter() - t < 0.08:  # CPU with the event loop blocked, as a slow client would be
+                pass
+            await asyncio.sleep(0)
+
+    def start() -> None:
+        asyncio.get_running_loop().create_task(hog())  # runs inside the client's own loop
+
+    def end() -> None:
+        nonlocal stop
+        stop = True
+
+    busy = _cell(server, llama["models"] / "fp16", start, end)
+    assert busy["client_saturated"] is True, busy
+    assert "event-loop lag p99" in busy["client_saturated_reason"] and "client CPU" in busy["client_saturated_reason"]
+    assert busy["client_loop_lag_p99_ms"] > 60 and busy["client_cpu_share"] > 0.5
+    assert calm["client_loop_lag_p99_ms"] < busy["client_loop_lag_p99_ms"] / 3
+    assert calm["client_cpu_share"] < health.CPU_SHARE_MAX, calm
+
+
+@pytest.mark.slow
+def test_repeats_run_on_fresh_servers_and_get_spread_columns(llama: dict, tmp_path: Path) -> None:
+    cfg = llama["cfg"]
+    model_dir = tmp_path / "q4_k_m"
+    shutil.copytree(llama["models"] / "q4_k_m", model_dir)
+    load = LoadCfg(concurrency=[1], prompt_len=[32], output_len=16, num_requests=3, warmup_requests=1, repeats=3)
+    index = serve_load.run(engine_cfg=cfg.engines["llamacpp"], hardware=cfg.hardware, load=load, experiment="t",
+                           model=MODEL, fmt="q4_k_m", engine_name="llamacpp", model_dir=model_dir,
+                           tokenizer_dir=llama["models"] / "fp16", out_dir=tmp_path / "raw",
+                           toolchain_dir=llama["toolchain"], show_progress=False)
+    cells = index["cells"]
+    assert [c["repeat"] for c in cells] == [0, 1, 2] and all(c["status"] == "ok" for c in cells)
+    assert [c["server_start"] for c in cells] == [1, 2, 3]  # each repeat after the first on a fresh server
+    assert all(isinstance(c["client_saturated"], bool) and "client_cpu_share" in c for c in cells)
+    log = (tmp_path / "raw" / "server.log").read_text()
+    assert log.count("$ ") == 3  # three server command lines in the one log

@@ -1,0 +1,27 @@
+"""`bakeoff load` writes only its JSON on stdout (the progress bar goes to stderr), so it pipes into jq."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from bakeoff.loadgen.echo_server import serving
+from bakeoff.models.synthetic import write_hf_tokenizer
+
+BIN = Path(sys.executable).parent
+
+
+def test_load_prints_pure_json_on_stdout_and_progress_on_stderr(tmp_path: Path) -> None:
+    write_hf_tokenizer(tmp_path, n_vocab=512, context_length=512)
+    with serving() as url:
+        proc = subprocess.run([str(BIN / "bakeoff"), "load", "--url", url, "--model", "m", "--tokenizer", str(tmp_path),
+                               "--concurrency", "2", "--prompt-len", "16", "--output-len", "8", "--num-requests", "4"],
+                              capture_output=True, text=True, timeout=120,
+                              env={**os.environ, "COLUMNS": "120"})
+    assert proc.returncode == 0, proc.stderr
+    metrics = json.loads(proc.stdout)  # the whole of stdout is one JSON document
+    assert metrics["completed"] == 4 and metrics["total_output_tokens"] == 32
+    assert "load" in proc.stderr and "4/4" in proc.stderr  # the progress bar, on stderr
