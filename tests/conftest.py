@@ -113,6 +113,15 @@ def models(pipeline: Pipeline) -> Path:
 
 
 @pytest.fixture(scope="session")
+def gguf_models(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The embedded model's fp16 (tokenizer) and q4_k_m GGUF and their toolchain, made by the pipeline's own
+    rules only if missing (seconds when present): for tests that need one llama-server, not the ci run."""
+    root = results_root(tmp_path_factory.mktemp("gguf"))
+    snakemake("--cores", "all", f"models/{MODEL}/q4_k_m/manifest.json", f"models/{MODEL}/fp16/manifest.json", cwd=root)
+    return ROOT / "models" / MODEL
+
+
+@pytest.fixture(scope="session")
 def toolchain(pipeline: Pipeline) -> Path:
     dirs = [d for d in (ROOT / "build" / "llamacpp").iterdir() if d.name.endswith("-cpu") and (d / "manifest.json").exists()]
     assert len(dirs) == 1, dirs

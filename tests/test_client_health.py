@@ -18,7 +18,7 @@ from bakeoff.loadgen.prompts import make_prompts
 from bakeoff.loadgen.runner import run_cell
 from bakeoff.stages import serve_load
 
-from conftest import MODEL, ROOT, results_root, snakemake
+from conftest import MODEL, ROOT
 
 
 def test_verdict_names_each_threshold_it_passed() -> None:
@@ -30,13 +30,8 @@ def test_verdict_names_each_threshold_it_passed() -> None:
 
 
 @pytest.fixture(scope="module")
-def llama(tmp_path_factory: pytest.TempPathFactory) -> dict:
-    """The embedded model's q4_k_m GGUF and its toolchain (made by the pipeline's own rules if missing)."""
-    root = results_root(tmp_path_factory.mktemp("build"))
-    snakemake("--cores", "all", f"models/{MODEL}/q4_k_m/manifest.json", f"models/{MODEL}/fp16/manifest.json",
-              cwd=root)
-    cfg = load_config([])
-    return dict(cfg=cfg, models=ROOT / "models" / MODEL, toolchain=next((ROOT / "build" / "llamacpp").glob("*-cpu")))
+def llama(gguf_models: Path) -> dict:
+    return dict(cfg=load_config([]), models=gguf_models, toolchain=next((ROOT / "build" / "llamacpp").glob("*-cpu")))
 
 
 @pytest.fixture

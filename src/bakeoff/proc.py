@@ -74,6 +74,25 @@ class ManagedProcess:
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
 
+    def exit_description(self) -> str | None:
+        """How the process ended (``killed by SIGKILL (signal 9)``, ``exited with code 1``); None while it runs."""
+        if self.proc is None or self.proc.poll() is None:
+            return None
+        rc = self.proc.returncode
+        if rc < 0:
+            try:
+                name = signal.Signals(-rc).name
+            except ValueError:
+                name = "an unknown signal"
+            return f"killed by {name} (signal {-rc})"
+        return f"exited with code {rc}"
+
+    def log_since_start(self, lines: int = 400) -> str:
+        """The last ``lines`` of what this start wrote (the log is appended to across restarts)."""
+        text = tail(self.log_path, lines)
+        marker = "$ " + " ".join(self.cmd) + "\n"
+        return text.rsplit(marker, 1)[1] if marker in text else text
+
     def wait_healthy(self, url: str, timeout_s: float, interval_s: float = 0.5) -> float:
         """Poll ``url`` until it answers 200; return seconds taken."""
         t0 = time.monotonic()

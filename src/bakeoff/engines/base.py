@@ -68,7 +68,16 @@ _LOG_PREFIX = re.compile(r"^\(.*?\)\s+(ERROR|WARNING|INFO)\s+\S+\s+\S+\s+\[[^\]]
 
 
 def engine_error_line(log_text: str) -> str:
-    """The engine's own root-cause line from a failed start (first specific exception)."""
+    """The engine's own root-cause line from a failed start (first specific exception), else its last line."""
+    found = error_line(log_text)
+    if found is not None:
+        return found
+    lines = [ln.strip() for ln in log_text.splitlines() if ln.strip()]
+    return lines[-1][:500] if lines else "server exited without output"
+
+
+def error_line(log_text: str) -> str | None:
+    """The first specific exception, else the last ``error``/``failed`` line; None when the log has neither."""
     generic = ""
     for raw in log_text.splitlines():
         level = _LOG_PREFIX.match(raw.strip())
@@ -89,7 +98,7 @@ def engine_error_line(log_text: str) -> str:
     for ln in reversed(lines):  # llama.cpp style: "error: ..." / "failed to ..."
         if re.search(r"\berror\b|failed", ln, re.I):
             return ln[:500]
-    return lines[-1][:500] if lines else "server exited without output"
+    return None
 
 
 # A start that failed for want of a resource is a failure of this run, never a property of the hardware.
@@ -257,7 +266,22 @@ class Engine(abc.ABC):
         return self.process.pid if self.process else None
 
     def failure_reason(self) -> str:
-        return engine_error_line(tail(self.spec.log_path, 400))
+        """How the server ended (exit code or signal), then its error line from this start's log.
+
+        A server killed from outside (SIGKILL, the OOM killer) logs no error; its log's last line is then
+        quoted as such, never as the cause.
+        """
+        if self.process is None:
+            return engine_error_line(tail(self.spec.log_path, 400))
+        how = self.process.exit_description()
+        log = self.process.log_since_start()
+        found = error_line(log)
+        if how is None:
+            return found or engine_error_line(log)
+        if found is not None:
+            return f"server {how}: {found}"
+        last = [ln.strip() for ln in log.splitlines() if ln.strip()]
+        return f"server {how}; no error in its log, which ends: {last[-1][:300] if last else '(empty)'}"
 
     def __enter__(self) -> Engine:
         return self.start()
@@ -266,4 +290,5 @@ class Engine(abc.ABC):
         self.stop()
 
 
-__all__ = ["ENGINES", "Engine", "ServerSpec", "ServerStartError", "engine_error_line", "get_engine", "register"]
+__all__ = ["ENGINES", "Engine", "ServerSpec", "ServerStartError", "engine_error_line", "error_line", "get_engine",
+           "register"]
