@@ -23,8 +23,9 @@ tr.bad td{color:#a00}td.l{text-align:left}</style>"""
 
 # Columns shown first in the table (the rest follow, in summary order).
 LEAD = ["experiment", "engine", "format", "concurrency", "prompt_len", "status", "output_throughput",
-        "median_ttft_ms", "median_tpot_ms", "decode_tok_s", "decode_efficiency_pct", "ppl", "accuracy",
-        "output_throughput_vs_published", "sweep", "reason"]
+        "median_ttft_ms", "median_tpot_ms", "repeats_ok", "output_throughput_cv_pct", "output_throughput_vs_ref_pct",
+        "output_throughput_vs_ref_significant", "client_saturated", "decode_tok_s", "decode_efficiency_pct", "ppl",
+        "accuracy", "output_throughput_vs_published", "sweep", "reason"]
 
 
 def _cell(v: str) -> str:
