@@ -7,8 +7,11 @@ import signal
 import time
 from pathlib import Path
 
+import pytest
+
 from bakeoff.config.compose import load_config
-from bakeoff.engines.base import Engine, ServerSpec
+from bakeoff.engines.base import ENGINES, Engine, ServerSpec
+from bakeoff.stages.serve_load import Session
 
 
 class _Shell(Engine):
@@ -54,3 +57,15 @@ def test_exit_code_comes_first_then_the_error_of_this_start_only(tmp_path: Path)
     _wait_dead(e)
     assert e.failure_reason() == "server exited with code 3: error: failed to open model.gguf"
     e.stop()
+
+
+def test_a_server_program_that_cannot_run_is_a_failed_start_with_the_reason(tmp_path: Path,
+                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    missing = type("Missing", (_Shell,), {"name": "missing-binary",
+                                         "command": lambda self: [str(tmp_path / "no-such-server")]})
+    monkeypatch.setitem(ENGINES, missing.name, missing)
+    cfg = load_config([])
+    spec = ServerSpec(engine=cfg.engines["llamacpp"], hardware=cfg.hardware, model_dir=tmp_path, served_name="m",
+                      log_path=tmp_path / "server.log")
+    status, reason = Session(spec, missing.name).start()
+    assert status == "failed" and reason.startswith("could not start the server: FileNotFoundError"), reason

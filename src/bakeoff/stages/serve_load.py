@@ -21,7 +21,7 @@ Outcomes, all of them results rather than crashes:
   known refusals (``Engine.unsupported_patterns``: this build or hardware cannot
   run the format); ``reason`` is the engine's own error line;
 * ``failed`` -- any other start failure (a resource such as memory or a port,
-  a bad flag), a server not ready in time, or one that died mid-cell (the
+  a bad flag, a program that cannot run), a server not ready in time, or one that died mid-cell (the
   cell's requests fail with their errors; the server is restarted for the
   remaining cells).
 
@@ -154,7 +154,10 @@ class Session:
             self.engine.prepare()  # the image pull: its own step, outside the startup timeout
         except ImagePullError as e:
             return "failed", str(e)
-        self.engine.start()
+        try:
+            self.engine.start()
+        except OSError as e:  # the server's program could not be run at all (missing, not executable)
+            return "failed", f"could not start the server: {type(e).__name__}: {e}"
         try:
             self.startup_s = self.engine.ready()
             return "ok", ""
