@@ -44,9 +44,12 @@ def snakemake(*args: str, check: bool = True, timeout: float = 3000, cwd: Path =
     return proc
 
 
+SPEC_REF = re.compile(r"(?:--spec|--hardware) '?@([^ ']+)")  # a config slice a stage command names
+
+
 def spec_texts(plan: str, cwd: Path = ROOT) -> str:
     """The config slices (``--spec @file``, ``--hardware @file``) that a dry run's commands name, joined."""
-    refs = dict.fromkeys(re.findall(r"(?:--spec|--hardware) '?@([^ ']+)", plan))
+    refs = dict.fromkeys(SPEC_REF.findall(plan))
     return "\n".join((cwd / ref).read_text() for ref in refs)
 
 

@@ -7,10 +7,9 @@ from __future__ import annotations
 
 import hashlib
 import json
-import re
 from pathlib import Path
 
-from conftest import ROOT, bakeoff, results_root, snakemake
+from conftest import ROOT, SPEC_REF, bakeoff, results_root, snakemake
 
 
 def test_every_stage_gets_its_spec_as_a_content_named_file(tmp_path: Path) -> None:
@@ -22,14 +21,14 @@ def test_every_stage_gets_its_spec_as_a_content_named_file(tmp_path: Path) -> No
     for cmd in commands:
         assert "{" not in cmd, cmd  # no inline JSON on any stage's command line
         assert len(cmd) < 800, cmd
-    refs = set(re.findall(r"(?:--spec|--hardware) '?@([^ ']+)", out))
+    refs = set(SPEC_REF.findall(out))
     assert any("serve" in c for c in commands) and refs
     for ref in refs:
         text = (root / ref).read_text()
         json.loads(text)
         assert Path(ref).stem == hashlib.sha256(text.encode()).hexdigest()[:20]
     serve = next(c for c in commands if "serve-load" in c and "vllm-fp16" in c)
-    spec = json.loads((root / re.search(r"--spec '?@([^ ']+)", serve).group(1)).read_text())
+    spec = json.loads((root / SPEC_REF.search(serve).group(1)).read_text())
     assert spec["engine_name"] == "vllm" and spec["engine"]["settings"]["dtype"] == "float32"
 
 
