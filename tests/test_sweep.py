@@ -106,3 +106,25 @@ def test_seed_vllm_version_ab_plans_both_images() -> None:
         image_of.setdefault(point, set()).update(re.findall(r'"vllm_image": "([^"]+)"', spec_texts(j)))
     assert len(image_of) == 2
     assert sorted(img for imgs in image_of.values() for img in imgs) == images  # one image per point, both used
+
+
+def test_narrowing_the_load_axes_keeps_a_cells_settings_hash() -> None:
+    """A cell made by a narrowed run (one prompt length) is reused by the full run, and vice versa."""
+    from bakeoff.config.schema import LoadCfg
+    from bakeoff.stages.serve_load import cell_spec_hash
+
+    base = {"engine": "llamacpp", "format": "q4_k_m", "engine_settings": {"parallel": 32}}
+    full = LoadCfg(concurrency=[1, 8, 32], prompt_len=[128, 1024], output_len=256, num_requests=100)
+    narrow = full.model_copy(update={"concurrency": [32], "prompt_len": [1024]})
+    assert cell_spec_hash(base, narrow) == cell_spec_hash(base, full)
+    # another format's request count does not touch this one's cells
+    assert cell_spec_hash(base, full.model_copy(update={"num_requests_by_format": {"f16": 40}})) == \
+        cell_spec_hash(base, full)
+    # what a cell is made with still counts: requests, output length, the server's settings, repeats
+    assert cell_spec_hash(base, full.model_copy(update={"num_requests": 40})) != cell_spec_hash(base, full)
+    assert cell_spec_hash(base, full.model_copy(update={"output_len": 128})) != cell_spec_hash(base, full)
+    assert cell_spec_hash({**base, "engine_settings": {"parallel": 4}}, full) != cell_spec_hash(base, full)
+    three = full.model_copy(update={"repeats": 3})
+    assert cell_spec_hash(base, three) != cell_spec_hash(base, full)
+    assert cell_spec_hash(base, three.model_copy(update={"restart_between_repeats": False})) != \
+        cell_spec_hash(base, three)

@@ -83,6 +83,20 @@ def requests_for(load: LoadCfg, concurrency: int) -> int:
     return max(load.num_requests, load.requests_per_concurrency * concurrency)
 
 
+def cell_spec_hash(base: dict, load: LoadCfg) -> str:
+    """The settings a cell was made with: it is reused only when these are unchanged.
+
+    The sweep axes (which concurrencies and prompt lengths run) are left out: a cell is named by its own
+    concurrency and prompt length, so narrowing or widening the sweep keeps the cells already made. So is
+    the per-format request map, which ``load`` already applied to ``num_requests`` for this variant. With
+    one repeat the restart knob changes nothing, so it is left out too.
+    """
+    exclude = {"concurrency", "prompt_len", "num_requests_by_format"}
+    exclude |= {"restart_between_repeats"} if load.repeats == 1 else set()
+    load_spec = load.model_dump(mode="json", exclude=exclude)
+    return hashlib.sha256(json.dumps([base, load_spec], sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
 def _write_json(path: Path, data: Any) -> None:
     atomic_write_text(path, json.dumps(data, indent=2, default=str) + "\n")
 
@@ -224,11 +238,7 @@ def _run(*, engine_cfg: EngineCfg, hardware: HardwareCfg, load: LoadCfg, experim
             "bits_per_weight": manifest.get("bits_per_weight"), "n_params": manifest.get("n_params"),
             "request_rate": load.request_rate, "engine_settings": engine_cfg.settings,
             "engine_extra_args": engine_cfg.extra_args, "load_note": load_note}
-    # Cells are reused only if made with exactly these settings (a changed setting re-runs them all).
-    # With one repeat the restart knob changes nothing, so cells made before it existed stay reusable.
-    load_spec = load.model_dump(mode="json", exclude={"restart_between_repeats"} if load.repeats == 1 else None)
-    base["spec_hash"] = hashlib.sha256(json.dumps([base, load_spec], sort_keys=True,
-                                                  default=str).encode()).hexdigest()[:16]
+    base["spec_hash"] = cell_spec_hash(base, load)
     cells = cells_of(load)
 
     def done(cell: Cell) -> bool:
