@@ -26,16 +26,18 @@ $(STAMP): pyproject.toml Makefile
 run: setup
 	$(BIN)/snakemake --cores all --show-failed-logs
 
-# The full suite: lint, then every test (one shared pipeline run of the `ci` experiment; see tests/conftest.py).
+# The full suite: lint, the fast tier over every core, then the `slow` tests in one process (they share one
+# pipeline run of the `ci` experiment, see tests/conftest.py, which a second worker would run again).
 test: setup
 	$(BIN)/ruff check
 	$(BIN)/snakemake --lint
-	$(BIN)/pytest
+	$(BIN)/pytest -m "not slow" -n auto
+	$(BIN)/pytest -m slow
 
 # The fast tier, after every change: no server start, no build, no pipeline run.
 test-fast: setup
 	$(BIN)/ruff check
-	$(BIN)/pytest -m "not slow"
+	$(BIN)/pytest -m "not slow" -n auto
 
 lint: setup
 	$(BIN)/ruff check

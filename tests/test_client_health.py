@@ -59,7 +59,11 @@ def _cell(url: str, tokenizer_dir: Path, on_start: Callable[[], None] | None = N
 
 @pytest.mark.slow
 def test_a_client_busy_in_its_own_event_loop_is_flagged_saturated(server: str, llama: dict) -> None:
-    """The same cell twice on one llama-server: as is, then with 80 ms CPU bursts blocking the client's loop."""
+    """The same cell twice on one llama-server: as is, then with 80 ms CPU bursts blocking the client's loop.
+
+    Between bursts the hog sleeps 40 ms, so the client still gets its loop (a hog that only yields with
+    ``sleep(0)`` starves every chunk read and stretches the cell to minutes) at two thirds CPU share.
+    """
     calm = _cell(server, llama["models"] / "fp16")
     stop = False
 
@@ -68,7 +72,7 @@ def test_a_client_busy_in_its_own_event_loop_is_flagged_saturated(server: str, l
             t = time.perf_counter()
             while time.perf_counter() - t < 0.08:  # CPU with the event loop blocked, as a slow client would be
                 pass
-            await asyncio.sleep(0)
+            await asyncio.sleep(0.04)
 
     def start() -> None:
         asyncio.get_running_loop().create_task(hog())  # runs inside the client's own loop
