@@ -53,7 +53,9 @@ def test_blog_v100_is_the_seed_experiment() -> None:
     assert (ll["n_gpu_layers"], ll["ctx_size"], ll["parallel"]) == (99, 8192, 4)
     assert cfg.load.concurrency == [1, 8, 32] and cfg.load.prompt_len == [128, 1024]
     assert (cfg.load.output_len, cfg.load.num_requests, cfg.load.temperature) == (256, 100, 0.0)
-    assert cfg.variants() == [("vllm", "fp16"), ("vllm", "fp8"), ("llamacpp", "q4_k_m")]
+    # the seed's three variants, plus fp8-dequant (FP8's stand-in on a V100) and the seed's open-loop vLLM load
+    assert cfg.variants() == [("vllm", "fp16"), ("vllm", "fp8"), ("vllm", "fp8-dequant"), ("vllm_open", "fp16"),
+                              ("vllm_open", "fp8"), ("vllm_open", "fp8-dequant"), ("llamacpp", "q4_k_m")]
 
 
 @pytest.mark.parametrize(

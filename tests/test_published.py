@@ -90,6 +90,52 @@ def test_published_comparison_computes_ratios() -> None:
     assert other["published_refs"].split() == ["seed.weights.7b.q4_k_m", "seed.ppl.q4_k_m"]
 
 
+def test_seed_fp8_rows_compare_with_what_ran_in_fp8s_place() -> None:
+    """On a V100 vLLM refuses FP8: the seed's "vLLM FP8" numbers are compared with fp8-dequant, which says so."""
+    rows = [_blog_row("vllm", "fp8", 8, status="unsupported", output_throughput=""),
+            _blog_row("vllm", "fp8-dequant", 8, output_throughput=99)]
+    published.compare(rows, PUB)
+    fp8, deq = rows
+    assert deq["output_throughput_vs_published"] == pytest.approx(99 / 110)
+    assert "seed.tput.vllm_fp8.c8: fp8-dequant in place of fp8 (fp8: unsupported)" in deq["published_compared_as"]
+    assert fp8["output_throughput_vs_published"] == "" and "seed.tput.vllm_fp8.c8" not in fp8["published_refs"]
+    # where vLLM accepted the FP8 checkpoint, it is the one compared, and the fallback is not
+    ran = [_blog_row("vllm", "fp8", 8, output_throughput=120), _blog_row("vllm", "fp8-dequant", 8, output_throughput=99)]
+    published.compare(ran, PUB)
+    assert ran[0]["output_throughput_vs_published"] == pytest.approx(120 / 110)
+    assert "in place of" not in ran[0]["published_compared_as"]
+    assert ran[1]["output_throughput_vs_published"] == ""
+
+
+def test_one_published_number_for_both_prompt_lengths_is_compared_once() -> None:
+    """The seed's table gives one throughput per concurrency: both prompt lengths' cells share one ratio."""
+    rows = [_blog_row("llamacpp", "q4_k_m", 1, output_throughput=50),
+            {**_blog_row("llamacpp", "q4_k_m", 1, output_throughput=66), "prompt_len": "1024"},
+            _blog_row("llamacpp", "q4_k_m", 8, output_throughput=80)]
+    published.compare(rows, PUB)
+    p128, p1024, c8 = rows
+    assert p128["output_throughput_vs_published"] == p1024["output_throughput_vs_published"] == \
+        pytest.approx((50 + 66) / 2 / 55)
+    assert ("seed.tput.llamacpp_q4km.c1: one published number for prompt_len 128/1024, compared once with the "
+            "mean of 2 rows") in p128["published_compared_as"]
+    assert c8["output_throughput_vs_published"] == pytest.approx(1.0)  # a group of one cell: its own value
+    assert "prompt_len 128," in c8["published_compared_as"]
+
+
+def test_blog_v100_runs_the_fallback_and_the_seeds_open_loop_load() -> None:
+    cfg = load_config(["experiment=blog_v100"])
+    assert ("vllm", "fp8-dequant") in cfg.variants() and ("vllm_open", "fp8") in cfg.variants()
+    open_loop, _ = cfg.load.for_variant(cfg.engines["vllm_open"].load, "fp8")
+    assert (open_loop.request_rate, open_loop.num_requests, open_loop.concurrency) == (8, 100, [100])
+    closed, _ = cfg.load.for_variant(cfg.engines["vllm"].load, "fp8")
+    assert closed.request_rate is None and closed.concurrency == [1, 8, 32]
+    # the seed's variants must still all run: dropping one is a mismatch, naming what is missing
+    off = load_config(["experiment=blog_v100", "experiment.variants.vllm=[fp16,fp8-dequant]"]).model_dump(mode="json")
+    assert published.check_settings(off, PUB, "seed") == [
+        "seed.setting.variants: experiment.variants.vllm = ['fp16', 'fp8-dequant'] lacks ['fp8'], "
+        "published ['fp16', 'fp8'] (§1, §3.3, §3.5)"]
+
+
 def test_engine_settings_match_selects_the_parallel_row() -> None:
     row = {"model": "llama-2-7b-synthetic", "hardware": "h200", "engine": "llamacpp", "format": "q4_k_m",
            "concurrency": "8", "prompt_len": "128", "output_len": "256", "output_throughput": "146.5",

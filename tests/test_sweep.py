@@ -99,7 +99,7 @@ def test_seed_vllm_version_ab_plans_both_images() -> None:
     out = snakemake("-n", "-p", "--cores", "1", "results/summary.csv", "--config", "experiment=blog_v100",
                     f"sweep=hardware.vllm_image={','.join(images)}").stdout
     jobs = out.split("rule serve_load:")[1:]
-    assert len(jobs) == 6  # 2 images x (vllm fp16, vllm fp8, llamacpp q4_k_m)
+    assert len(jobs) == 14  # 2 images x (vllm and vllm_open: fp16, fp8, fp8-dequant; llamacpp q4_k_m)
     image_of: dict[str, set[str]] = {}
     for j in jobs:
         point = re.search(r"results/raw/(blog_v100\.[^/]+)/", j).group(1)

@@ -8,6 +8,13 @@ matches gets ``published_<metric>`` and ``<metric>_vs_published`` =
 measured / published (a published range compares against its midpoint).
 ``setting`` rows are config values an experiment must use (the seed's exact
 settings): :func:`check_settings` verifies a composed config against them.
+
+Two things a published table leaves implicit are made explicit per row:
+``stand_ins`` names the formats that ran in place of one this hardware cannot
+run (the seed's "vLLM FP8" on a V100 is FP8 dequantized to FP16), and
+``pooled`` names the cell keys one published number covers (the seed gives one
+throughput for both prompt lengths): those cells are compared once, by their
+mean. ``published_compared_as`` says which of the two happened.
 """
 
 from __future__ import annotations
@@ -22,6 +29,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
 
 from bakeoff.errors import ConfigError
 from bakeoff.results.numbers import number
+from bakeoff.results.spread import GROUP_KEY
 
 DEFAULT_PATH = Path(__file__).resolve().parents[3] / "data" / "published_numbers.yaml"
 
@@ -45,7 +53,13 @@ class Row(BaseModel):
     high: float | None = None
     as_published: str | None = None
     config: dict[str, Any] = {}
+    # A setting whose list the config must contain rather than equal (bakeoff may add e.g. a fallback format).
+    contains: bool = False
     text: str | None = None
+    # Formats compared in place of match.format when no cell of that format measured the metric, in order.
+    stand_ins: list[str] = []
+    # Cell keys the published number does not distinguish: matching cells are compared once, by their mean.
+    pooled: list[str] = []
 
     @model_validator(mode="after")
     def _shape(self) -> Row:
@@ -133,9 +147,28 @@ def _cell_value(row: Mapping[str, Any], key: str) -> Any:
     return row.get(key)
 
 
-def matches(pub: Row, row: Mapping[str, Any]) -> bool:
-    """Every key of the published row's ``match`` equals the cell's value."""
-    return bool(pub.match) and all(_same(_cell_value(row, k), v) for k, v in pub.match.items())
+def matches(pub: Row, row: Mapping[str, Any], fmt: str | None = None) -> bool:
+    """Every key of the published row's ``match`` equals the cell's value (``fmt`` replacing its format)."""
+    want = pub.match if fmt is None else {**pub.match, "format": fmt}
+    return bool(want) and all(_same(_cell_value(row, k), v) for k, v in want.items())
+
+
+def _measured(row: Mapping[str, Any], metric: str) -> float | None:
+    return number(row.get(metric), finite=False)
+
+
+def compared_cells(pub: Row, rows: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], str]:
+    """The cells a published measurement is compared with, and a note when they are stand-ins."""
+    direct = [r for r in rows if matches(pub, r)]
+    if not pub.stand_ins or any(_measured(r, pub.metric or "") is not None for r in direct):
+        return direct, ""
+    fmt = pub.match.get("format")
+    for alt in pub.stand_ins:
+        alt_rows = [r for r in rows if matches(pub, r, alt)]
+        if any(_measured(r, pub.metric or "") is not None for r in alt_rows):
+            statuses = sorted({str(r.get("status") or "not run") for r in direct}) or ["not run"]
+            return alt_rows, f"{alt} in place of {fmt} ({fmt}: {'/'.join(statuses)})"
+    return direct, ""
 
 
 
@@ -168,7 +201,11 @@ def columns_for(pub: Published, available: Iterable[str]) -> list[str]:
     for m in pub.metrics():
         if m in avail:
             cols += [f"published_{m}", f"{m}_vs_published"]
-    return [*cols, "published_refs"]
+    return [*cols, "published_refs", "published_compared_as"]
+
+
+def _pool_key(row: Mapping[str, Any], pooled: list[str]) -> tuple:
+    return tuple(str(row.get(k)) for k in GROUP_KEY if k not in pooled)
 
 
 def compare(rows: list[dict[str, Any]], pub: Published) -> list[str]:
@@ -179,17 +216,37 @@ def compare(rows: list[dict[str, Any]], pub: Published) -> list[str]:
     for r in rows:
         for c in ratio_cols:
             r[c] = ""
-        refs = []
-        for m in pub.measurements():
-            if m.metric not in avail or not matches(m, r):
-                continue
-            refs.append(m.id)
-            r[f"published_{m.metric}"] = m.reference
-            measured = number(r.get(m.metric), finite=False)
-            if measured is not None and m.reference:
-                r[f"{m.metric}_vs_published"] = measured / m.reference
-        r["published_refs"] = " ".join(refs)
+        r["_refs"], r["_notes"] = [], []
+    for m in pub.measurements():
+        if m.metric not in avail:
+            continue
+        cells, note = compared_cells(m, rows)
+        groups: dict[tuple, list[dict[str, Any]]] = {}
+        for r in cells:
+            groups.setdefault(_pool_key(r, m.pooled) if m.pooled else (id(r),), []).append(r)
+        for group in groups.values():
+            values = [v for r in group if (v := _measured(r, m.metric)) is not None]
+            measured = sum(values) / len(values) if values else None
+            pool_note = ""
+            if m.pooled:
+                over = ", ".join(f"{k} {'/'.join(sorted({str(r.get(k)) for r in group}, key=_natural))}"
+                                 for k in m.pooled)
+                pool_note = f"{m.id}: one published number for {over}, compared once with the mean of {len(values)} rows"
+            for r in group:
+                r["_refs"].append(m.id)
+                r[f"published_{m.metric}"] = m.reference
+                if measured is not None and m.reference:
+                    r[f"{m.metric}_vs_published"] = measured / m.reference
+                r["_notes"] += [n for n in (f"{m.id}: {note}" if note else "", pool_note) if n]
+    for r in rows:
+        r["published_refs"] = " ".join(r.pop("_refs"))
+        r["published_compared_as"] = "; ".join(r.pop("_notes"))
     return [*derived, *ratio_cols]
+
+
+def _natural(v: str) -> tuple:
+    f = number(v, finite=False)
+    return (0, f, "") if f is not None else (1, 0.0, v)
 
 
 def _get(data: Mapping[str, Any], dotted: str) -> Any:
@@ -218,6 +275,11 @@ def check_settings(cfg_data: Mapping[str, Any], pub: Published, source: str = "s
                 got = _get(cfg_data, key)
             except KeyError:
                 problems.append(f"{r.id}: config has no {key} (published {want!r})")
+                continue
+            if r.contains and isinstance(got, list) and isinstance(want, list):
+                if not set(map(str, want)) <= set(map(str, got)):
+                    problems.append(f"{r.id}: {key} = {got!r} lacks {sorted(set(map(str, want)) - set(map(str, got)))}, "
+                                    f"published {want!r} ({r.where})")
                 continue
             if got != want and not (isinstance(got, (int, float)) and isinstance(want, (int, float)) and
                                     float(got) == float(want)):
