@@ -19,6 +19,7 @@ from bakeoff.loadgen.prompts import make_prompts
 from bakeoff.loadgen.runner import run_cell
 from bakeoff.results import spread
 from bakeoff.stages import serve_load, summary
+from bakeoff.stages.serve_job import ServeJob
 
 from conftest import MODEL, ROOT
 
@@ -95,10 +96,10 @@ def test_repeats_run_on_fresh_servers_and_get_spread_columns(llama: dict, tmp_pa
     model_dir = tmp_path / "q4_k_m"
     shutil.copytree(llama["models"] / "q4_k_m", model_dir)
     load = LoadCfg(concurrency=[1], prompt_len=[32], output_len=16, num_requests=3, warmup_requests=1, repeats=3)
-    index = serve_load.run(engine_cfg=cfg.engines["llamacpp"], hardware=cfg.hardware, load=load, experiment="t",
-                           model=MODEL, fmt="q4_k_m", engine_name="llamacpp", model_dir=model_dir,
-                           tokenizer_dir=llama["models"] / "fp16", out_dir=tmp_path / "raw",
-                           toolchain_dir=llama["toolchain"], show_progress=False)
+    index = serve_load.run(ServeJob(engine_cfg=cfg.engines["llamacpp"], hardware=cfg.hardware, load=load,
+                                    experiment="t", model=MODEL, fmt="q4_k_m", engine_name="llamacpp",
+                                    model_dir=model_dir, tokenizer_dir=llama["models"] / "fp16",
+                                    out_dir=tmp_path / "raw", toolchain_dir=llama["toolchain"], show_progress=False))
     cells = index["cells"]
     assert [c["repeat"] for c in cells] == [0, 1, 2] and all(c["status"] == "ok" for c in cells)
     assert [c["server_start"] for c in cells] == [1, 2, 3]  # each repeat after the first on a fresh server

@@ -308,21 +308,15 @@ def _cmd_stage(a: argparse.Namespace) -> None:
         print(_doctor_text(report), file=sys.stderr)
     elif name == "serve-load":
         from bakeoff.hardware.doctor import ecc_gate
-        from bakeoff.stages.serve_load import run
+        from bakeoff.stages.serve_load import ServeJob, run
 
-        spec = json.loads(a.spec)
-        hardware = schema.HardwareCfg.model_validate(spec["hardware"])
-        load = schema.LoadCfg.model_validate(spec["load"])
-        ecc_gate(hardware, schema.DoctorCfg.model_validate(spec.get("doctor", {})))
-        run(engine_cfg=schema.EngineCfg.model_validate(spec["engine"]), hardware=hardware,
-            load=load, experiment=spec["experiment"], model=spec["model"],
-            fmt=a.format, engine_name=spec["engine_name"], model_dir=_dir(a.input), tokenizer_dir=_dir(a.tokenizer),
-            out_dir=Path(a.out).parent, toolchain_dir=_dir(a.toolchain) if a.toolchain else None,
-            slos_ms=load.slo_ms.as_dict() or None,
-            show_progress=sys.stderr.isatty(), launcher_pid=a.watch_pid,
-            eval_cfg=schema.EvalCfg.model_validate(spec.get("eval", {})),
-            eval_toolchain_dir=_dir(a.eval_toolchain) if a.eval_toolchain else None,
-            synthetic=spec.get("model_source") == "synthetic")
+        job = ServeJob.from_spec(json.loads(a.spec), fmt=a.format, model_dir=_dir(a.input),
+                                 tokenizer_dir=_dir(a.tokenizer), out_dir=Path(a.out).parent,
+                                 toolchain_dir=_dir(a.toolchain) if a.toolchain else None,
+                                 eval_toolchain_dir=_dir(a.eval_toolchain) if a.eval_toolchain else None,
+                                 show_progress=sys.stderr.isatty(), launcher_pid=a.watch_pid)
+        ecc_gate(job.hardware, job.doctor)
+        run(job)
     elif name == "kernel-bench":
         from bakeoff.stages.kernel_bench import run as kernel_bench
 
@@ -491,7 +485,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    from bakeoff.stages.serve_load import Interrupted
+    from bakeoff.engines.session import Interrupted
 
     try:
         args.func(args)
