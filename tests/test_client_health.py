@@ -18,7 +18,8 @@ from bakeoff.loadgen import health
 from bakeoff.loadgen.prompts import make_prompts
 from bakeoff.loadgen.runner import run_cell
 from bakeoff.results import spread
-from bakeoff.stages import serve_load, summarize
+from bakeoff.stages import serve_load, summary
+from bakeoff.stages.serve_job import ServeJob
 
 from conftest import MODEL, ROOT
 
@@ -95,17 +96,17 @@ def test_repeats_run_on_fresh_servers_and_get_spread_columns(llama: dict, tmp_pa
     model_dir = tmp_path / "q4_k_m"
     shutil.copytree(llama["models"] / "q4_k_m", model_dir)
     load = LoadCfg(concurrency=[1], prompt_len=[32], output_len=16, num_requests=3, warmup_requests=1, repeats=3)
-    index = serve_load.run(engine_cfg=cfg.engines["llamacpp"], hardware=cfg.hardware, load=load, experiment="t",
-                           model=MODEL, fmt="q4_k_m", engine_name="llamacpp", model_dir=model_dir,
-                           tokenizer_dir=llama["models"] / "fp16", out_dir=tmp_path / "raw",
-                           toolchain_dir=llama["toolchain"], show_progress=False)
+    index = serve_load.run(ServeJob(engine_cfg=cfg.engines["llamacpp"], hardware=cfg.hardware, load=load,
+                                    experiment="t", model=MODEL, fmt="q4_k_m", engine_name="llamacpp",
+                                    model_dir=model_dir, tokenizer_dir=llama["models"] / "fp16",
+                                    out_dir=tmp_path / "raw", toolchain_dir=llama["toolchain"], show_progress=False))
     cells = index["cells"]
     assert [c["repeat"] for c in cells] == [0, 1, 2] and all(c["status"] == "ok" for c in cells)
     assert [c["server_start"] for c in cells] == [1, 2, 3]  # each repeat after the first on a fresh server
     assert all(isinstance(c["client_saturated"], bool) and "client_cpu_share" in c for c in cells)
     log = (tmp_path / "raw" / "server.log").read_text()
     assert log.count("$ ") == 3  # three server command lines in the one log
-    rows = summarize.rows([tmp_path / "raw" / CELLS_INDEX], "h")
+    rows = summary.rows([tmp_path / "raw" / CELLS_INDEX], "h")
     spread.extend(rows)
     assert all(r["repeats_ok"] == 3 and r["repeat_server_starts"] == 3 for r in rows)
     mean, std, ci = (float(rows[0][f"output_throughput_{s}"]) for s in ("mean", "std", "ci95"))

@@ -1,7 +1,7 @@
 """vLLM containers never outlive their job: named, pulled outside the startup timeout, stopped and removed on every exit.
 
 **Docker cannot run on this machine** (no daemon, no GPU). These tests therefore run bakeoff's real
-code paths -- the engine's command line, the serve stage's Session and its signal handling, the
+code paths -- the engine's command line, the serve stage's Session and its signal handling (bakeoff.engines.session), the
 reaper -- against a *runtime stand-in*: a small executable named ``docker``, put first on PATH, that
 records every call it gets (argv, one JSON line each) and imitates what bakeoff relies on: ``image
 inspect`` fails until ``pull`` has run (which prints progress lines slowly), ``run`` serves ``/health``
@@ -26,7 +26,7 @@ import pytest
 from bakeoff.config.compose import load_config
 from bakeoff.engines import ServerSpec, get_engine
 from bakeoff.engines.container import container_name, parse_mem_usage
-from bakeoff.stages.serve_load import Session
+from bakeoff.engines.session import Session
 
 SRC = Path(__file__).resolve().parents[1] / "src"
 JOB = "blog_v100-deepseek-vllm-fp16"
@@ -190,7 +190,7 @@ CHILD = textwrap.dedent('''\
     from pathlib import Path
     from bakeoff.config.compose import load_config
     from bakeoff.engines import ServerSpec
-    from bakeoff.stages.serve_load import Session, stop_on_signals
+    from bakeoff.engines.session import Session, stop_on_signals
     tmp, launcher = Path(sys.argv[1]), int(sys.argv[2]) or None
     cfg = load_config(["experiment=blog_v100"])
     spec = ServerSpec(engine=cfg.engines["vllm"], hardware=cfg.hardware, model_dir=tmp, served_name="m",

@@ -100,7 +100,7 @@ def test_hub_source_from_local_cache_records_commit_and_hashes(models: Path, tmp
     assert ours == theirs
     # and the hub branch of the fp16 stage turns it into a checkpoint
     fp16 = tmp_path / "models" / "hubtest" / "fp16"
-    proc = bakeoff("stage", "to-fp16", "--input", str(out), "--out", str(fp16))
+    proc = bakeoff("stage", "model-fp16", "--input", str(out), "--out", str(fp16))
     assert proc.returncode == 0, proc.stderr
     assert read_manifest(fp16)["derived_from"] == f"local/smollm2@{commit}"
 

@@ -11,7 +11,7 @@ import pytest
 
 from bakeoff.config.compose import load_config
 from bakeoff.engines.base import ENGINES, Engine, ServerSpec
-from bakeoff.stages.serve_load import Session
+from bakeoff.engines.session import Session
 
 
 class _Shell(Engine):

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -80,3 +82,16 @@ def test_matches_vllm_bench_serve_calculate_metrics() -> None:
             assert ours[k] == pytest.approx(getattr(theirs, k)), k
         for p, v in getattr(theirs, f"percentiles_{metric}_ms"):
             assert ours[f"p{int(p)}_{metric}_ms"] == pytest.approx(v), (metric, p)
+
+
+def test_the_plots_read_back_the_same_latencies_the_summary_uses(tmp_path: Path) -> None:
+    from bakeoff.report.plots import request_latencies
+
+    jsonl = tmp_path / "cell.jsonl"
+    jsonl.write_text("".join(json.dumps(r.to_json()) + "\n" for r in RECORDS))
+    ttft, tpot = request_latencies(jsonl)
+    m = summarize(RECORDS, duration_s=2.0)
+    assert ttft == pytest.approx([100.0, 200.0, 400.0])  # the failed request is left out
+    assert tpot == pytest.approx([300.0, 500.0])  # the one-token request has no TPOT
+    assert np.median(tpot) == pytest.approx(m["median_tpot_ms"])
+    assert RequestRecord.from_json(RECORDS[0].to_json()) == RECORDS[0]

@@ -135,12 +135,12 @@ def test_record_of_the_h200_run_derives_its_committed_tables(tmp_path: Path):
 def test_a_cell_keeps_its_config_engine_name_over_the_plugins():
     """Two configs of one plugin (llamacpp and llamacpp_np4) stay two engines in every cell and summary row."""
     from bakeoff.engines import get_engine
-    from bakeoff.stages.serve_load import Cell, _cell_base
+    from bakeoff.loadgen.cells import Cell, record_base
 
     spec = ServerSpec(engine=load_config(["experiment=h200_llamacpp"]).engines["llamacpp_np4"],
                       hardware=load_config(["experiment=h200_llamacpp"]).hardware, model_dir=Path("/nonexistent"),
                       served_name="m", log_path=Path("/nonexistent/server.log"), toolchain_dir=None)
     versions = get_engine("llamacpp")(spec).versions()
     assert versions["engine"] == "llamacpp"
-    row = _cell_base({"engine": "llamacpp_np4", "format": "q4_k_m"}, Cell(32, 128, 0), 100, versions, None)
+    row = record_base({"engine": "llamacpp_np4", "format": "q4_k_m"}, Cell(32, 128, 0), 100, versions, None)
     assert row["engine"] == "llamacpp_np4" and row["engine_version"] == versions["engine_version"]

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from bakeoff.report.pages import summary_html
-from bakeoff.stages.summarize import write_csv
+from bakeoff.stages.summary import write_csv
 
 COLS = ["experiment", "engine", "format", "concurrency", "prompt_len", "status", "reason", "predicted_status",
         "predicted_reason"]

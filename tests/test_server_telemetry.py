@@ -110,7 +110,7 @@ def test_requests_wait_only_when_slots_are_fewer_than_concurrency(server, tiny_m
 def test_llama_bench_stage_records_pp_and_tg(cpu_toolchain: Path, tiny_model: Path, tmp_path: Path):
     """The kernel_bench rule's stage on the CPU build: llama-bench's own records, pp512 and tg128, at -fa off."""
     out = tmp_path / "f16-faoff.json"
-    proc = subprocess.run([str(BIN / "bakeoff"), "stage", "llama-bench", "--hardware", CPU.model_dump_json(),
+    proc = subprocess.run([str(BIN / "bakeoff"), "stage", "kernel-bench", "--hardware", CPU.model_dump_json(),
                            "--flash-attn", "off", "--input", str(tiny_model / "manifest.json"),
                            "--toolchain", str(cpu_toolchain / "manifest.json"), "--out", str(out)],
                           capture_output=True, text=True, timeout=600)

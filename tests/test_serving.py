@@ -20,6 +20,7 @@ from bakeoff.errors import BakeoffError
 from bakeoff.models.manifest import read_manifest
 from bakeoff.proc import ServerStartError
 from bakeoff.stages import serve_load
+from bakeoff.stages.serve_job import ServeJob
 
 from conftest import ROOT, Pipeline, _server_pids, bakeoff
 
@@ -112,7 +113,7 @@ def test_server_killed_mid_cell_fails_that_cell_and_rerun_redoes_only_it(gguf_mo
     v = _llama_variant(gguf_models, tmp_path)
     out = tmp_path / "raw"
     killer = _kill_server_when_busy(v["model_dir"], out / "server.log")
-    index = serve_load.run(load=_small_load(), out_dir=out, **v)
+    index = serve_load.run(ServeJob(load=_small_load(), out_dir=out, **v))
     killer.join()
     status = {c["cell"]: c for c in index["cells"]}
     assert status["c1-p32"]["status"] == "failed"
@@ -122,7 +123,7 @@ def test_server_killed_mid_cell_fails_that_cell_and_rerun_redoes_only_it(gguf_mo
     assert status["c1-p32"]["failed"] >= 1
     assert status["c2-p32"]["status"] == "ok"  # the server was restarted for the rest
     ok_mtime = (out / "c2-p32.json").stat().st_mtime_ns
-    index2 = serve_load.run(load=_small_load(), out_dir=out, **v)
+    index2 = serve_load.run(ServeJob(load=_small_load(), out_dir=out, **v))
     assert [c["status"] for c in index2["cells"]] == ["ok", "ok"]
     assert (out / "c2-p32.json").stat().st_mtime_ns == ok_mtime, "a finished cell must not be re-run"
 
@@ -132,7 +133,7 @@ def test_server_that_cannot_start_is_failed_not_unsupported(models: Path, tmp_pa
     v = _llama_variant(models, tmp_path)
     v["engine_cfg"] = v["engine_cfg"].model_copy(update={"extra_args": ["--no-such-flag"]})
     t0 = time.monotonic()
-    index = serve_load.run(load=_small_load(), out_dir=tmp_path / "raw", **v)
+    index = serve_load.run(ServeJob(load=_small_load(), out_dir=tmp_path / "raw", **v))
     assert time.monotonic() - t0 < 60
     assert {c["status"] for c in index["cells"]} == {"failed"}
     assert "--no-such-flag" in index["cells"][0]["reason"]
@@ -153,10 +154,10 @@ def test_vllm_kv_cache_from_a_fraction_of_node_memory_fails_and_the_explicit_siz
     fraction = explicit.model_copy(update={"settings": {**{k: v for k, v in explicit.settings.items()
                                                            if k != "kv_cache_memory_bytes"},
                                                         "gpu_memory_utilization": 0.01}})
-    index = serve_load.run(engine_cfg=fraction, hardware=cfg.hardware, load=_small_load(concurrency=[1]),
-                           experiment="t", model="smollm2-135m", fmt="fp16", engine_name="vllm",
-                           model_dir=models / "fp16", tokenizer_dir=models / "fp16", out_dir=tmp_path / "raw",
-                           toolchain_dir=None, show_progress=False)
+    index = serve_load.run(ServeJob(engine_cfg=fraction, hardware=cfg.hardware, load=_small_load(concurrency=[1]),
+                                    experiment="t", model="smollm2-135m", fmt="fp16", engine_name="vllm",
+                                    model_dir=models / "fp16", tokenizer_dir=models / "fp16", out_dir=tmp_path / "raw",
+                                    toolchain_dir=None, show_progress=False))
     cell = index["cells"][0]
     assert cell["status"] == "failed", cell
     assert "Available memory on node" in cell["reason"] and "kv" in cell["reason"]
@@ -188,7 +189,7 @@ def test_bad_load_parameters_are_refused_before_any_server_starts(models: Path, 
     before = _server_pids()
     v = _llama_variant(models, tmp_path)
     with pytest.raises(BakeoffError, match="exceeds"):
-        serve_load.run(load=_small_load(prompt_len=[3000]), out_dir=tmp_path / "raw", **v)
+        serve_load.run(ServeJob(load=_small_load(prompt_len=[3000]), out_dir=tmp_path / "raw", **v))
     assert not (tmp_path / "raw" / "server.log").exists()
     assert _server_pids() == before
 
@@ -253,10 +254,10 @@ def test_changed_settings_rerun_cells_instead_of_reusing_them(models: Path, tmp_
     v = _llama_variant(models, tmp_path)
     out = tmp_path / "raw"
     load = _small_load(concurrency=[1], num_requests=2, output_len=8)
-    first = serve_load.run(load=load, out_dir=out, **v)["cells"][0]
-    again = serve_load.run(load=load, out_dir=out, **v)["cells"][0]
+    first = serve_load.run(ServeJob(load=load, out_dir=out, **v))["cells"][0]
+    again = serve_load.run(ServeJob(load=load, out_dir=out, **v))["cells"][0]
     assert again["started_utc"] == first["started_utc"]  # same settings: reused
     v["engine_cfg"] = v["engine_cfg"].model_copy(update={"settings": {**v["engine_cfg"].settings, "parallel": 2}})
-    changed = serve_load.run(load=load, out_dir=out, **v)["cells"][0]
+    changed = serve_load.run(ServeJob(load=load, out_dir=out, **v))["cells"][0]
     assert changed["started_utc"] != first["started_utc"]
     assert changed["engine_settings"]["parallel"] == 2

@@ -17,7 +17,7 @@ from conftest import ROOT
 
 CHILD = textwrap.dedent('''\
     import sys, time
-    from bakeoff.stages.serve_load import stop_on_signals
+    from bakeoff.engines.session import stop_on_signals
     with stop_on_signals(int(sys.argv[1])):
         print("ready", flush=True)
         deadline = time.time() + 60

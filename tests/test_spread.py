@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 
 from bakeoff.config.schema import LoadCfg
+from bakeoff.loadgen.cells import cells_of
 from bakeoff.report.pages import summary_html
 from bakeoff.results import spread
-from bakeoff.stages.serve_load import cells_of
-from bakeoff.stages.summarize import write_csv
+from bakeoff.stages.summary import write_csv
 
 
 def _rows(variant_values: dict[tuple[str, str, float], list[float]], metric: str = "output_throughput") -> list[dict]:

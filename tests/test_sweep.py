@@ -111,7 +111,7 @@ def test_seed_vllm_version_ab_plans_both_images() -> None:
 def test_narrowing_the_load_axes_keeps_a_cells_settings_hash() -> None:
     """A cell made by a narrowed run (one prompt length) is reused by the full run, and vice versa."""
     from bakeoff.config.schema import LoadCfg
-    from bakeoff.stages.serve_load import cell_spec_hash
+    from bakeoff.loadgen.cells import cell_spec_hash
 
     base = {"engine": "llamacpp", "format": "q4_k_m", "engine_settings": {"parallel": 32}}
     full = LoadCfg(concurrency=[1, 8, 32], prompt_len=[128, 1024], output_len=256, num_requests=100)

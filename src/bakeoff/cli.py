@@ -38,7 +38,7 @@ def _cmd_verify(a: argparse.Namespace) -> None:
 
 
 def _cmd_summarize(a: argparse.Namespace) -> None:
-    from bakeoff.stages.summarize import COLUMNS, rows, write_csv
+    from bakeoff.stages.summary import COLUMNS, rows, write_csv
 
     records = rows([Path(p) for p in a.indexes], a.config_hash)
     columns = list(COLUMNS)
@@ -170,7 +170,7 @@ def _cmd_track(a: argparse.Namespace) -> None:
 
 
 def _cmd_samples(a: argparse.Namespace) -> None:
-    from bakeoff.stages.collect_samples import collect
+    from bakeoff.stages.samples import collect
 
     collect([Path(p) for p in a.variants], Path(a.out))
 
@@ -269,8 +269,8 @@ def _cmd_stage(a: argparse.Namespace) -> None:
         from bakeoff.stages.fetch_model import fetch
 
         fetch(schema.ModelCfg.model_validate_json(a.spec), out)
-    elif name == "to-fp16":
-        from bakeoff.stages.to_fp16 import convert
+    elif name == "model-fp16":
+        from bakeoff.stages.model_fp16 import convert
 
         convert(_dir(a.input), out, fmt=a.format or "fp16")
     elif name == "quantize-fp8":
@@ -308,22 +308,16 @@ def _cmd_stage(a: argparse.Namespace) -> None:
         print(_doctor_text(report), file=sys.stderr)
     elif name == "serve-load":
         from bakeoff.hardware.doctor import ecc_gate
-        from bakeoff.stages.serve_load import run
+        from bakeoff.stages.serve_load import ServeJob, run
 
-        spec = json.loads(a.spec)
-        hardware = schema.HardwareCfg.model_validate(spec["hardware"])
-        load = schema.LoadCfg.model_validate(spec["load"])
-        ecc_gate(hardware, schema.DoctorCfg.model_validate(spec.get("doctor", {})))
-        run(engine_cfg=schema.EngineCfg.model_validate(spec["engine"]), hardware=hardware,
-            load=load, experiment=spec["experiment"], model=spec["model"],
-            fmt=a.format, engine_name=spec["engine_name"], model_dir=_dir(a.input), tokenizer_dir=_dir(a.tokenizer),
-            out_dir=Path(a.out).parent, toolchain_dir=_dir(a.toolchain) if a.toolchain else None,
-            slos_ms=load.slo_ms.as_dict() or None,
-            show_progress=sys.stderr.isatty(), launcher_pid=a.watch_pid,
-            eval_cfg=schema.EvalCfg.model_validate(spec.get("eval", {})),
-            eval_toolchain_dir=_dir(a.eval_toolchain) if a.eval_toolchain else None,
-            synthetic=spec.get("model_source") == "synthetic")
-    elif name == "llama-bench":
+        job = ServeJob.from_spec(json.loads(a.spec), fmt=a.format, model_dir=_dir(a.input),
+                                 tokenizer_dir=_dir(a.tokenizer), out_dir=Path(a.out).parent,
+                                 toolchain_dir=_dir(a.toolchain) if a.toolchain else None,
+                                 eval_toolchain_dir=_dir(a.eval_toolchain) if a.eval_toolchain else None,
+                                 show_progress=sys.stderr.isatty(), launcher_pid=a.watch_pid)
+        ecc_gate(job.hardware, job.doctor)
+        run(job)
+    elif name == "kernel-bench":
         from bakeoff.stages.kernel_bench import run as kernel_bench
 
         kernel_bench(hardware=schema.HardwareCfg.model_validate_json(a.hardware), model_dir=_dir(a.input),
@@ -342,8 +336,8 @@ def _cmd_stage(a: argparse.Namespace) -> None:
         raise BakeoffError(f"unknown stage {name!r}")
 
 
-STAGES = ["doctor", "fetch-llamacpp", "build-llamacpp", "build-llamacpp-python", "fetch-model", "to-fp16", "quantize-fp8",
-          "dequant-fp8", "convert-gguf", "quantize-gguf", "serve-load", "llama-bench", "gpu-check", "ecc-recheck"]
+STAGES = ["doctor", "fetch-llamacpp", "build-llamacpp", "build-llamacpp-python", "fetch-model", "model-fp16", "quantize-fp8",
+          "dequant-fp8", "convert-gguf", "quantize-gguf", "serve-load", "kernel-bench", "gpu-check", "ecc-recheck"]
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -491,7 +485,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    from bakeoff.stages.serve_load import Interrupted
+    from bakeoff.engines.session import Interrupted
 
     try:
         args.func(args)

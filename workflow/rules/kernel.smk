@@ -22,5 +22,5 @@ rule kernel_bench:
     conda:
         LLAMACPP_ENV
     shell:
-        "bakeoff stage llama-bench --hardware {params.hardware:q} --flash-attn {wildcards.fa} --input {input.model}"
+        "bakeoff stage kernel-bench --hardware {params.hardware:q} --flash-attn {wildcards.fa} --input {input.model}"
         " --toolchain {input.toolchain} --out {output} > {log} 2>&1"

@@ -31,7 +31,7 @@ rule model_fp16:
     conda:
         "../../envs/bakeoff.yaml"
     shell:
-        "bakeoff stage to-fp16 --format {wildcards.format} --input {input} --out {output} > {log} 2>&1"
+        "bakeoff stage model-fp16 --format {wildcards.format} --input {input} --out {output} > {log} 2>&1"
 
 
 rule quantize_fp8:

@@ -34,7 +34,7 @@ comparable with that tool and across engines:
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 import numpy as np
@@ -66,6 +66,12 @@ class RequestRecord:
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
+
+    @classmethod
+    def from_json(cls, row: dict[str, Any]) -> RequestRecord:
+        """A record back from one JSONL row (keys it does not know are left out; missing ones take defaults)."""
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in row.items() if k in known})
 
     @property
     def tpot(self) -> float | None:

@@ -5,7 +5,7 @@ The reference of a variant is the 16-bit variant *of the same engine*
 so ``ppl_delta_vs_fp16`` and ``kl_vs_fp16`` isolate the format's effect from
 the engine's; the engine effect is the difference between the engines' own
 16-bit rows. Both are computed on the same text: the perplexity task's
-documents, and the KL reference tokens (see bakeoff.stages.evaluate).
+documents, and the KL reference tokens (see bakeoff.quality.evaluate).
 """
 
 from __future__ import annotations

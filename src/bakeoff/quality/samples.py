@@ -8,9 +8,24 @@ that is what a user of the variant gets.
 
 from __future__ import annotations
 
+import hashlib
+import json
+from pathlib import Path
 from typing import Any
 
 import requests
+
+from bakeoff.config.schema import SamplesCfg
+
+
+def samples_hash(cells_hash: str, cfg: SamplesCfg) -> str:
+    """What a variant's samples depend on: the settings its cells were made with and the prompt set."""
+    return hashlib.sha256(json.dumps([cells_hash, cfg.model_dump()]).encode()).hexdigest()[:16]
+
+
+def made_with(path: Path, digest: str) -> bool:
+    """``path`` holds samples made with these inputs (a failed attempt records no hash, so it is retried)."""
+    return path.exists() and json.loads(path.read_text()).get("samples_hash") == digest
 
 
 def generate(base_url: str, model: str, prompts: list[str], max_tokens: int, api_key: str | None = None,

@@ -22,6 +22,7 @@ matplotlib.use("Agg")  # headless: never needs a display
 import matplotlib.pyplot as plt  # noqa: E402
 
 from bakeoff.layout import row_cell_name, row_variant_key, variant_name, variant_of  # noqa: E402
+from bakeoff.loadgen.metrics import RequestRecord  # noqa: E402
 from bakeoff.models.artifacts import staged_dir  # noqa: E402
 from bakeoff.results.numbers import number as num  # noqa: E402
 
@@ -32,8 +33,6 @@ QUALITY = ["ppl", "accuracy", "ppl_delta_vs_fp16", "kl_vs_fp16"]
 def read_summary(path: Path) -> list[dict[str, str]]:
     with open(path, newline="") as f:
         return list(csv.DictReader(f))
-
-
 
 
 def variant(r: dict[str, str]) -> str:
@@ -55,6 +54,24 @@ def _ok(rows: Iterable[dict[str, str]]) -> list[dict[str, str]]:
     return [r for r in rows if r.get("status") == "ok"]
 
 
+def _lines_vs_concurrency(ax: Any, series: dict[str, list[tuple[int, float]]], ylabel: str, legend_size: int) -> None:
+    """One line per named series over concurrency (log2 axis); the axes and legend every such plot shares."""
+    for name, pts in sorted(series.items()):
+        pts.sort()
+        ax.plot([c for c, _ in pts], [y for _, y in pts], marker="o", label=name)
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("concurrency")
+    ax.set_ylabel(ylabel)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=legend_size)
+
+
+def _save(fig: Any, out: Path) -> None:
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+
+
 def throughput_vs_concurrency(rows: list[dict[str, str]], out: Path) -> None:
     prompts = sorted({int(r["prompt_len"]) for r in rows if r.get("prompt_len")}) or [0]
     fig, axes = plt.subplots(1, len(prompts), figsize=(6 * len(prompts), 4.5), squeeze=False)
@@ -66,34 +83,23 @@ def throughput_vs_concurrency(rows: list[dict[str, str]], out: Path) -> None:
         if not series:
             _empty(ax, f"no successful cells at prompt {p}")
             continue
-        for name, pts in sorted(series.items()):
-            pts.sort()
-            ax.plot([c for c, _ in pts], [y for _, y in pts], marker="o", label=name)
-        ax.set_xscale("log", base=2)
-        ax.set_xlabel("concurrency")
-        ax.set_ylabel("output tokens/s (aggregate)")
+        _lines_vs_concurrency(ax, series, "output tokens/s (aggregate)", legend_size=8)
         ax.set_title(f"prompt {p} tokens")
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
     fig.suptitle("Output throughput vs concurrency, per variant")
-    fig.tight_layout()
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
+    _save(fig, out)
 
 
 def request_latencies(jsonl: Path) -> tuple[list[float], list[float]]:
-    """TTFT and TPOT (ms) of the successful requests in one cell's JSONL."""
+    """TTFT and TPOT (ms) of the successful requests in one cell's JSONL (TPOT as the metrics define it)."""
     ttft, tpot = [], []
     with open(jsonl) as f:
         for line in f:
-            rec = json.loads(line)
-            if not rec.get("success"):
+            rec = RequestRecord.from_json(json.loads(line))
+            if not rec.success:
                 continue
-            if (t := num(rec.get("ttft"))) is not None:
-                ttft.append(1000 * t)
-                e2e, n = num(rec.get("e2el")), rec.get("output_tokens") or 0
-                if e2e is not None and n > 1:
-                    tpot.append(1000 * (e2e - t) / (n - 1))
+            ttft.append(1000 * rec.ttft)
+            if (t := rec.tpot) is not None:
+                tpot.append(1000 * t)
     return ttft, tpot
 
 
@@ -124,9 +130,7 @@ def latency_distributions(rows: list[dict[str, str]], cell_dirs: dict[str, Path]
             ax.set_ylabel(f"{metric.upper()} per request, ms")
             ax.grid(alpha=0.3, axis="y")
         ax.set_title(f"{metric.upper()} distribution per variant and concurrency (all prompt lengths)")
-        fig.tight_layout()
-        fig.savefig(out, dpi=110)
-        plt.close(fig)
+        _save(fig, out)
 
 
 def quality_vs_speed(rows: list[dict[str, str]], out: Path) -> int:
@@ -153,9 +157,7 @@ def quality_vs_speed(rows: list[dict[str, str]], out: Path) -> int:
         ax.set_ylabel(metric)
         ax.grid(alpha=0.3)
     ax.set_title("Quality vs speed")
-    fig.tight_layout()
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
+    _save(fig, out)
     return len(pts)
 
 
@@ -168,19 +170,10 @@ def roofline_plot(rows: list[dict[str, str]], out: Path) -> None:
     fig, ax = plt.subplots(figsize=(7, 4.5))
     if not series:
         _empty(ax, "no roofline data (hardware.mem_bandwidth_gbs or weight_bytes missing)")
-    for name, pts in sorted(series.items()):
-        pts.sort()
-        ax.plot([c for c, _ in pts], [e for _, e in pts], marker="o", label=name)
-    if series:
-        ax.set_xscale("log", base=2)
-        ax.set_xlabel("concurrency")
-        ax.set_ylabel("per-sequence decode, % of B/W ceiling")
-        ax.legend(fontsize=7)
-        ax.grid(alpha=0.3)
+    else:
+        _lines_vs_concurrency(ax, series, "per-sequence decode, % of B/W ceiling", legend_size=7)
     ax.set_title("Decode roofline efficiency")
-    fig.tight_layout()
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
+    _save(fig, out)
 
 
 def render_all(summary: Path, cell_indexes: list[Path], out_dir: Path) -> list[Path]:

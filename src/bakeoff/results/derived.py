@@ -1,6 +1,6 @@
 """Columns the summary gets beyond the cells' own: sweep axes, roofline, published ratios.
 
-Kept out of ``stages/summarize.py`` on purpose: that module turns cells into
+Kept out of ``stages/summary.py`` on purpose: that module turns cells into
 rows; this one adds what needs the config (hardware, sweep points) or the
 published data. It works on whatever columns the rows have, so columns other
 work adds to the summary (quality: ``ppl`` ...) are compared too.

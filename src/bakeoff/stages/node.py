@@ -113,11 +113,12 @@ def trim_source(src_dir: Path, dest: Path) -> dict:
 
 def pack(*, repo: Path, source: Path, wheels: Path, out: Path) -> Path:
     """Write the bundle the node runs from: repo.tgz (checkout + trimmed source), whl/, node.sh."""
-    src_manifest = read_manifest(source)
+    tree = source if source.is_absolute() else repo / source  # a relative source is inside repo, not the cwd
+    src_manifest = read_manifest(tree)
     rel_source = source.resolve().relative_to(repo.resolve()) if source.is_absolute() else source
     out.mkdir(parents=True, exist_ok=True)
     staging = out / ".trimmed"
-    trim_source(repo / rel_source if not source.is_absolute() else source, staging)
+    trim_source(tree, staging)
     files = checkout_files(repo)
     info = {"git_sha": _git(repo, "rev-parse", "HEAD").strip(), "git_dirty": bool(_git(repo, "status", "--porcelain").strip()),
             "packed_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "source_commit": src_manifest.get("commit")}

@@ -1,6 +1,6 @@
-"""Stage logic: score one variant's quality on an OpenAI-compatible server.
+"""Score one variant's quality on an OpenAI-compatible server.
 
-Called by the serve stage, because the issue's rule is one server per config:
+Called by the serve stage (through bakeoff.quality.plan), because the rule is one server per config:
 vLLM variants are scored on the very server the load tests used; engines that
 cannot score prompts (llama-server) name an ``eval_server`` that serves the same
 artifact (llama-cpp-python for GGUF). Order: the logprob canary first (a server

@@ -1,0 +1,78 @@
+"""The load cells of one variant, and when a cell already on disk can be kept.
+
+Why one place: a cell is named by its concurrency, prompt length and repeat,
+and reused only while the settings it was made with (``cell_spec_hash``) are
+unchanged, so a narrowed or interrupted run and the full one share their cells.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from bakeoff.config.schema import LoadCfg
+from bakeoff.errors import BakeoffError
+from bakeoff.layout import cell_name
+
+
+@dataclass(frozen=True)
+class Cell:
+    concurrency: int
+    prompt_len: int
+    repeat: int
+
+    @property
+    def name(self) -> str:
+        return cell_name(self.concurrency, self.prompt_len, self.repeat)
+
+
+def cells_of(load: LoadCfg) -> list[Cell]:
+    """Repeat-major: each repeat is a pass over the whole matrix (on its own server start)."""
+    return [Cell(c, p, r) for r in range(load.repeats) for c in load.concurrency for p in load.prompt_len]
+
+
+def requests_for(load: LoadCfg, concurrency: int) -> int:
+    return max(load.num_requests, load.requests_per_concurrency * concurrency)
+
+
+def cell_spec_hash(base: dict, load: LoadCfg) -> str:
+    """The settings a cell was made with: it is reused only when these are unchanged.
+
+    The sweep axes (which concurrencies and prompt lengths run) are left out: a cell is named by its own
+    concurrency and prompt length, so narrowing or widening the sweep keeps the cells already made. So is
+    the per-format request map, which ``load`` already applied to ``num_requests`` for this variant. With
+    one repeat the restart knob changes nothing, so it is left out too.
+    """
+    exclude = {"concurrency", "prompt_len", "num_requests_by_format"}
+    exclude |= {"restart_between_repeats"} if load.repeats == 1 else set()
+    load_spec = load.model_dump(mode="json", exclude=exclude)
+    return hashlib.sha256(json.dumps([base, load_spec], sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def reusable(out_dir: Path, cell: Cell, spec_hash: str) -> bool:
+    """The cell's summary exists, is a result (``ok`` or ``unsupported``) and was made with these settings."""
+    p = out_dir / f"{cell.name}.json"
+    if not p.exists():
+        return False
+    prev = json.loads(p.read_text())
+    return prev.get("status") in ("ok", "unsupported") and prev.get("spec_hash") == spec_hash
+
+
+def record_base(base: dict, cell: Cell, n: int, versions: dict, startup_s: float | None) -> dict[str, Any]:
+    """The fields every cell record starts with, whatever its outcome."""
+    # The config's engine name (e.g. llamacpp_np4) wins over the plugin's own ("engine": "llamacpp").
+    return {**versions, **base, "cell": cell.name, "concurrency": cell.concurrency, "prompt_len": cell.prompt_len,
+            "repeat": cell.repeat, "requests": n, "startup_s": startup_s}
+
+
+def check_load_before_start(load: LoadCfg, context_tokens: int) -> None:
+    """Refuse impossible load parameters before any server starts."""
+    if any(c < 1 for c in load.concurrency):
+        raise BakeoffError(f"concurrency must be >= 1, got {load.concurrency}")
+    need = max(load.prompt_len) + load.output_len
+    if need > context_tokens:
+        raise BakeoffError(f"prompt {max(load.prompt_len)} + output {load.output_len} = {need} tokens exceeds the "
+                           f"context of {context_tokens}")

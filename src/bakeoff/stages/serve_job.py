@@ -1,0 +1,52 @@
+"""What one serve-load job is given: the spec's config slices and the paths of its inputs, typed once.
+
+Why a type: the command line, the stage and the tests all build the same job;
+parsing the spec in one place keeps the three from drifting.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from bakeoff.config.schema import DoctorCfg, EngineCfg, EvalCfg, HardwareCfg, LoadCfg
+
+
+@dataclass(frozen=True)
+class ServeJob:
+    """One variant's serve stage: its server config, load, quality config and where it reads and writes."""
+
+    engine_cfg: EngineCfg
+    hardware: HardwareCfg
+    load: LoadCfg
+    experiment: str
+    model: str
+    fmt: str
+    engine_name: str
+    model_dir: Path
+    tokenizer_dir: Path
+    out_dir: Path
+    toolchain_dir: Path | None
+    slos_ms: dict[str, float] | None = None
+    show_progress: bool = True
+    launcher_pid: int | None = None
+    eval_cfg: EvalCfg = field(default_factory=EvalCfg)
+    eval_toolchain_dir: Path | None = None
+    synthetic: bool = False
+    doctor: DoctorCfg = field(default_factory=DoctorCfg)
+
+    @classmethod
+    def from_spec(cls, spec: dict[str, Any], *, fmt: str, model_dir: Path, tokenizer_dir: Path, out_dir: Path,
+                  toolchain_dir: Path | None = None, eval_toolchain_dir: Path | None = None,
+                  show_progress: bool = True, launcher_pid: int | None = None) -> ServeJob:
+        """The job from the rule's spec (the composed config's slices for this variant) and its paths."""
+        load = LoadCfg.model_validate(spec["load"])
+        return cls(engine_cfg=EngineCfg.model_validate(spec["engine"]),
+                   hardware=HardwareCfg.model_validate(spec["hardware"]), load=load,
+                   experiment=spec["experiment"], model=spec["model"], fmt=fmt, engine_name=spec["engine_name"],
+                   model_dir=model_dir, tokenizer_dir=tokenizer_dir, out_dir=out_dir, toolchain_dir=toolchain_dir,
+                   slos_ms=load.slo_ms.as_dict() or None, show_progress=show_progress, launcher_pid=launcher_pid,
+                   eval_cfg=EvalCfg.model_validate(spec.get("eval", {})), eval_toolchain_dir=eval_toolchain_dir,
+                   synthetic=spec.get("model_source") == "synthetic",
+                   doctor=DoctorCfg.model_validate(spec.get("doctor", {})))
