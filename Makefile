@@ -31,8 +31,8 @@ run: setup
 test: setup
 	$(BIN)/ruff check
 	$(BIN)/snakemake --lint
-	$(BIN)/pytest -m "not slow" -n auto
-	$(BIN)/pytest -m slow
+	# Both tiers run even when the first fails, and the target fails if either did.
+	fast=0; $(BIN)/pytest -m "not slow" -n auto || fast=$$?; $(BIN)/pytest -m slow && exit $$fast
 
 # The fast tier, after every change: no server start, no build, no pipeline run.
 test-fast: setup
