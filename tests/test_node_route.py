@@ -16,6 +16,7 @@ import pytest
 from bakeoff.config.compose import load_config
 from bakeoff.engines import ServerSpec
 from bakeoff.errors import BakeoffError
+from bakeoff.layout import cell_name, is_cell_stem
 from bakeoff.models.manifest import verify, write_manifest
 from bakeoff.stages.node import COLLECT, NODE_SH, collect, pack, unpack
 
@@ -145,3 +146,38 @@ def test_a_cell_keeps_its_config_engine_name_over_the_plugins():
     assert versions["engine"] == "llamacpp"
     row = record_base({"engine": "llamacpp_np4", "format": "q4_k_m"}, Cell(32, 128, 0), 100, versions, None)
     assert row["engine"] == "llamacpp_np4" and row["engine_version"] == versions["engine_version"]
+
+
+def test_pack_resume_carries_only_finished_cells_and_names_their_tarball(fetched: Path, tmp_path: Path):
+    prior = tmp_path / "prior"
+    variant = prior / "results/raw/h200_llamacpp/m/llamacpp-q8_0"
+    variant.mkdir(parents=True)
+    for name in ("c1-p1024.json", "c1-p1024.jsonl", "c8-p128-r2.json", "cells.json", "quality.json", "server.log"):
+        (variant / name).write_text(name)
+    (prior / "results/hardware.json").write_text("{}")
+    collect(prior, tmp_path / "node-results.tgz")
+    repo = _repo(tmp_path / "repo")
+    wheels = tmp_path / "wheels"
+    wheels.mkdir()
+    out = pack(repo=repo, source=Path("build/llamacpp/src-0c1e57098"), wheels=wheels, out=tmp_path / "bundle",
+               resume=[tmp_path / "node-results.tgz"])
+    dest = tmp_path / "node"
+    with tarfile.open(out / "repo.tgz") as tar:
+        tar.extractall(dest, filter="data")
+    carried = sorted(p.name for p in (dest / "results/raw/h200_llamacpp/m/llamacpp-q8_0").iterdir())
+    # the index, quality, logs are remade on the node; the doctor's record too
+    assert carried == ["c1-p1024.json", "c1-p1024.jsonl", "c8-p128-r2.json"]
+    assert not (dest / "results/hardware.json").exists()
+    info = json.loads((dest / "node.json").read_text())
+    assert info["resumed_from"][0]["tarball"] == "node-results.tgz" and len(info["resumed_from"][0]["sha256"]) == 64
+    assert info["resumed_from"][0]["cells"] == ["results/raw/h200_llamacpp/m/llamacpp-q8_0/c1-p1024.json",
+                                                "results/raw/h200_llamacpp/m/llamacpp-q8_0/c8-p128-r2.json"]
+    empty = tmp_path / "empty.tgz"
+    collect(tmp_path / "repo", empty)
+    with pytest.raises(BakeoffError, match="no finished cells"):
+        pack(repo=repo, source=Path("build/llamacpp/src-0c1e57098"), wheels=wheels, out=tmp_path / "b2", resume=[empty])
+
+
+def test_cell_stems_are_told_from_other_files():
+    assert is_cell_stem(cell_name(8, 128)) and is_cell_stem(cell_name(32, 1024, 2))
+    assert not any(is_cell_stem(s) for s in ("cells", "quality", "samples", "server", "c8-p128-r0", "c8"))

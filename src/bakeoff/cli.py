@@ -65,7 +65,8 @@ def _cmd_node(a: argparse.Namespace) -> None:
     if a.action == "pack":
         if not a.source or not a.wheels:
             raise BakeoffError("node pack needs --source (the fetch_llamacpp output) and --wheels")
-        out = node.pack(repo=Path(a.repo), source=_dir(a.source), wheels=Path(a.wheels), out=Path(a.out))
+        out = node.pack(repo=Path(a.repo), source=_dir(a.source), wheels=Path(a.wheels), out=Path(a.out),
+                        resume=[Path(t) for t in a.resume])
         print(f"bundle in {out}: run `bash {out}/node.sh experiment=...` on the node")
     elif a.action == "record":
         paths = node.record(Path(a.tarball), Path(a.out))
@@ -462,6 +463,8 @@ def build_parser() -> argparse.ArgumentParser:
     nd.add_argument("--source", help="pack: the pinned llama.cpp source (build/llamacpp/src-<commit>)")
     nd.add_argument("--wheels", help="pack: folder of the wheels the node lacks")
     nd.add_argument("--out", default="node-bundle", help="pack: bundle folder; collect: tarball to write")
+    nd.add_argument("--resume", action="append", default=[], metavar="TGZ",
+                    help="pack: an earlier node-results.tgz whose finished cells the node keeps (repeatable)")
     nd.set_defaults(func=_cmd_node)
 
     s = sub.add_parser("stage", help="run one pipeline stage (called by the Snakefile)")

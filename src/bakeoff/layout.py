@@ -35,6 +35,7 @@ Each artifact directory is complete exactly when its manifest.json exists.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, NamedTuple, Protocol
@@ -108,6 +109,11 @@ def cell_name(concurrency: Any, prompt_len: Any, repeat: Any = 0) -> str:
     """
     base = f"c{concurrency}-p{prompt_len}"
     return base if repeat in (None, "", 0, "0") else f"{base}-r{repeat}"
+
+
+def is_cell_stem(stem: str) -> bool:
+    """Whether a file stem is a cell name (``c8-p128``, ``c8-p128-r2``), not an index or a log."""
+    return re.fullmatch(r"c\d+-p\d+(-r[1-9]\d*)?", stem) is not None
 
 
 def row_cell_name(row: Mapping[str, Any]) -> str:

@@ -17,6 +17,11 @@ the submit host -- the lent H200, which can receive one bundle of at most
    benchmarks, the doctor's record, manifests, Snakemake's logs) into the
    returned folder. A second call on a still-warm node continues where the
    first stopped (Snakemake is incremental; serve_load skips finished cells).
+   A fresh node continues from an earlier node's tarball when the bundle is
+   packed with ``--resume <node-results.tgz>``: its finished cells travel in
+   the bundle, and serve_load keeps each one whose settings hash still
+   matches (a changed setting re-runs it). ``node.json`` names each tarball
+   and the cells taken from it.
 3. ``bakeoff node unpack <tarball>`` (submit host) puts those files where
    the DAG expects them; ``snakemake --touch node`` records them as made, and
    the plain ``snakemake`` builds summary, report, plots and MLflow runs.
@@ -37,9 +42,11 @@ import shutil
 import subprocess
 import tarfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 from bakeoff.errors import BakeoffError
+from bakeoff.layout import is_cell_stem
 from bakeoff.models.manifest import read_manifest, verify, write_manifest
 
 # Parts of the llama.cpp tree no target of bakeoff's builds reads (paths relative to llama.cpp/).
@@ -111,8 +118,40 @@ def trim_source(src_dir: Path, dest: Path) -> dict:
                           commit=src.get("commit"), trimmed_from_sha256=archive.get("sha256"), trimmed=TRIM)
 
 
-def pack(*, repo: Path, source: Path, wheels: Path, out: Path) -> Path:
-    """Write the bundle the node runs from: repo.tgz (checkout + trimmed source), whl/, node.sh."""
+def _resumable(rel: str) -> bool:
+    """A finished cell's summary or its per-request records (``results/raw/<e>/<m>/<variant>/<cell>.json[l]``)."""
+    parts = rel.split("/")
+    if len(parts) != 6 or parts[:2] != ["results", "raw"]:
+        return False
+    stem, dot, ext = parts[-1].rpartition(".")
+    return bool(dot) and ext in ("json", "jsonl") and is_cell_stem(stem)
+
+
+def resumed_cells(tarballs: Sequence[Path]) -> tuple[dict[str, bytes], list[dict]]:
+    """The cell files of earlier node runs (a later tarball's copy wins) and where each came from."""
+    import hashlib
+
+    files: dict[str, bytes] = {}
+    sources = []
+    for t in tarballs:
+        taken = []
+        with tarfile.open(t) as tar:
+            for m in tar.getmembers():
+                if m.isfile() and _resumable(m.name):
+                    f = tar.extractfile(m)
+                    assert f is not None
+                    files[m.name] = f.read()
+                    taken.append(m.name)
+        if not taken:
+            raise BakeoffError(f"{t}: no finished cells (results/raw/<experiment>/<model>/<variant>/<cell>.json) "
+                               "to resume from")
+        sources.append({"tarball": t.name, "sha256": hashlib.sha256(t.read_bytes()).hexdigest(),
+                        "cells": sorted(n for n in taken if n.endswith(".json"))})
+    return files, sources
+
+
+def pack(*, repo: Path, source: Path, wheels: Path, out: Path, resume: Sequence[Path] = ()) -> Path:
+    """Write the bundle the node runs from: repo.tgz (checkout + trimmed source + resumed cells), whl/, node.sh."""
     tree = source if source.is_absolute() else repo / source  # a relative source is inside repo, not the cwd
     src_manifest = read_manifest(tree)
     rel_source = source.resolve().relative_to(repo.resolve()) if source.is_absolute() else source
@@ -120,7 +159,9 @@ def pack(*, repo: Path, source: Path, wheels: Path, out: Path) -> Path:
     staging = out / ".trimmed"
     trim_source(tree, staging)
     files = checkout_files(repo)
-    info = {"git_sha": _git(repo, "rev-parse", "HEAD").strip(), "git_dirty": bool(_git(repo, "status", "--porcelain").strip()),
+    carried, resumed = resumed_cells(resume)
+    info = {"resumed_from": resumed,
+            "git_sha": _git(repo, "rev-parse", "HEAD").strip(), "git_dirty": bool(_git(repo, "status", "--porcelain").strip()),
             "packed_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "source_commit": src_manifest.get("commit")}
     with tarfile.open(out / "repo.tgz", "w:gz") as tar:
         for name in files:
@@ -133,10 +174,9 @@ def pack(*, repo: Path, source: Path, wheels: Path, out: Path) -> Path:
                     tar.addfile(ti, f)
             else:
                 tar.addfile(ti)
-        data = (json.dumps(info, indent=2) + "\n").encode()
-        ti = tarfile.TarInfo("node.json")
-        ti.size, ti.mtime = len(data), int(time.time())
-        tar.addfile(ti, io.BytesIO(data))
+        for name, data in sorted(carried.items()):
+            _add_bytes(tar, name, data)
+        _add_bytes(tar, "node.json", (json.dumps(info, indent=2) + "\n").encode())
     shutil.rmtree(staging)
     whl = out / "whl"
     if whl.resolve() != wheels.resolve():
@@ -144,6 +184,12 @@ def pack(*, repo: Path, source: Path, wheels: Path, out: Path) -> Path:
         shutil.copytree(wheels, whl)
     (out / "node.sh").write_text(NODE_SH)
     return out
+
+
+def _add_bytes(tar: tarfile.TarFile, name: str, data: bytes) -> None:
+    ti = tarfile.TarInfo(name)
+    ti.size, ti.mtime = len(data), int(time.time())
+    tar.addfile(ti, io.BytesIO(data))
 
 
 def _collected(rel: str) -> bool:
