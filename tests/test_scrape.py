@@ -8,7 +8,10 @@ tests/test_server_telemetry.py scrapes a real llama-server.
 
 from __future__ import annotations
 
-from bakeoff.loadgen.scrape import NAMES, first, gauges, slots_kv_fraction
+from bakeoff.engines import get_engine
+from bakeoff.loadgen.scrape import first, gauges, slots_kv_fraction
+
+VLLM, LLAMACPP = get_engine("vllm"), get_engine("llamacpp")
 
 # Hand-written, vLLM's exposition format (labels per model/engine; two engines to show the sum).
 VLLM_TEXT = """# HELP vllm:num_requests_waiting Number of requests waiting to be processed.
@@ -34,7 +37,7 @@ llamacpp:requests_deferred 28
 
 def test_vllm_names_and_label_sums():
     v = gauges(VLLM_TEXT)
-    names = NAMES["vllm"]
+    names = VLLM.metric_names
     assert first(v, names.waiting) == 5.0  # summed over label sets
     assert first(v, names.running) == 8.0
     assert first(v, names.kv_usage) == 0.42
@@ -42,14 +45,14 @@ def test_vllm_names_and_label_sums():
 
 def test_vllm_older_kv_gauge_name_is_found():
     v = gauges(VLLM_TEXT.replace("kv_cache_usage_perc", "gpu_cache_usage_perc"))
-    assert first(v, NAMES["vllm"].kv_usage) == 0.42
+    assert first(v, VLLM.metric_names.kv_usage) == 0.42
 
 
 def test_llamacpp_queue_gauges():
     v = gauges(LLAMACPP_TEXT)
-    assert first(v, NAMES["llamacpp"].waiting) == 28.0
-    assert first(v, NAMES["llamacpp"].running) == 4.0
-    assert NAMES["llamacpp"].slots_kv
+    assert first(v, LLAMACPP.metric_names.waiting) == 28.0
+    assert first(v, LLAMACPP.metric_names.running) == 4.0
+    assert LLAMACPP.metric_names.slots_kv
 
 
 def test_slots_kv_counts_busy_slots_cache():

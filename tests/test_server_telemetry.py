@@ -93,7 +93,7 @@ def test_server_tpot_agrees_with_client_tpot_at_c1(server, tiny_model: Path):
 def test_requests_wait_only_when_slots_are_fewer_than_concurrency(server, tiny_model: Path, running: int):
     """3 concurrent requests: with 1 slot two are deferred; with 4 slots none waits."""
     tokenizer = AutoTokenizer.from_pretrained(tiny_model)
-    scraper = MetricsScraper(server.base_url, "llamacpp", interval_s=0.05)
+    scraper = MetricsScraper(server.base_url, server.metric_names, label=server.name, interval_s=0.05)
     _, m = _cell(server, tokenizer, concurrency=3, n=6, output_len=96, scraper=scraper)
     cols = scraper.columns()
     assert m["completed"] == 6 and cols["metrics_scrapes"] > 3

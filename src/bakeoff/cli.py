@@ -103,7 +103,7 @@ def _cmd_versions(a: argparse.Namespace) -> None:
 
     cfg = json.loads(Path(a.config).read_text())
     first = next(iter(cfg.values()))
-    tc = (first["config"]["engines"].get("llamacpp") or {}).get("toolchain")
+    tc = next((e["toolchain"] for e in first["config"]["engines"].values() if e.get("toolchain")), None)
     from bakeoff.config.compose import find_conf_dir
 
     # The git state of the workflow's source (the checkout whose conf/ this run composed), wherever results go.

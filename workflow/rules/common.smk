@@ -22,7 +22,7 @@ except ConfigError as e:
 CFG = next(iter(POINTS.values())).cfg  # the build side (model, formats, toolchain) is shared by all points
 CONFIG_HASH = config_hash(CFG)
 POINT_HASHES = " ".join(f"{n}:{p.hash}" for n, p in POINTS.items())
-TC = CFG.engines["llamacpp"].toolchain if "llamacpp" in CFG.engines else None
+TC = CFG.toolchain
 TOOLCHAIN_ID = toolchain_id(TC.commit, CFG.hardware) if TC else None
 MODEL_NAME = CFG.model.name
 

@@ -289,6 +289,9 @@ class Config(_Strict):
 
     @model_validator(mode="after")
     def _cross_checks(self) -> Config:
+        pinned = {e.toolchain.commit for e in self.engines.values() if e.toolchain is not None}
+        if len(pinned) > 1:
+            raise ValueError(f"engines pin different llama.cpp commits {sorted(pinned)}: one build serves them all")
         if self.model.source == "synthetic":
             hf = [f for f in self.needed_formats() if self.formats[f].kind == "hf"]
             if hf:
@@ -336,6 +339,11 @@ class Config(_Strict):
     def variants(self) -> list[tuple[str, str]]:
         """(engine, format) pairs of this experiment, in config order."""
         return [(e, f) for e, fmts in self.experiment.variants.items() for f in fmts]
+
+    @property
+    def toolchain(self) -> ToolchainCfg | None:
+        """The pinned llama.cpp source the engines build from (every engine with a toolchain names the same)."""
+        return next((e.toolchain for e in self.engines.values() if e.toolchain is not None), None)
 
     def needed_formats(self) -> list[str]:
         """Every format the experiment serves, plus the formats they are made from."""

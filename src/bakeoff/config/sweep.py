@@ -151,7 +151,7 @@ def _check_shared(points: list[Point]) -> None:
     ref = points[0].cfg
 
     def build_key(c: Config) -> Any:
-        tc = c.engines["llamacpp"].toolchain if "llamacpp" in c.engines else None
+        tc = c.toolchain
         return (c.model, c.formats, tc, backend_tag(c.hardware) if tc else None,
                 {e: c.engines[e].plugin for e in c.experiment.variants})
 

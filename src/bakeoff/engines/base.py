@@ -27,6 +27,7 @@ from bakeoff.engines.container import Container, container_name
 from bakeoff.errors import BakeoffError
 from bakeoff.hardware.gpu import server_env
 from bakeoff.hardware.memory import tree_rss
+from bakeoff.loadgen.scrape import MetricNames
 from bakeoff.proc import ManagedProcess, ServerStartError, free_port, tail
 
 ENGINES: dict[str, type[Engine]] = {}
@@ -40,10 +41,32 @@ def register(cls: type[Engine]) -> type[Engine]:
 
 
 def get_engine(plugin: str) -> type[Engine]:
+    """A registered engine by name, or ``"module:Class"``: an engine defined outside bakeoff, imported here.
+
+    The second form is how a user adds an engine without touching bakeoff: the module (importable from
+    ``PYTHONPATH``) defines an :class:`Engine` subclass, and one config file names it.
+    """
+    if ":" in plugin:
+        return _import_engine(plugin)
     try:
         return ENGINES[plugin]
     except KeyError:
-        raise BakeoffError(f"unknown engine plugin {plugin!r}; registered: {sorted(ENGINES)}") from None
+        raise BakeoffError(f"unknown engine plugin {plugin!r}; registered: {sorted(ENGINES)}, "
+                           "or give one as 'module:Class'") from None
+
+
+def _import_engine(plugin: str) -> type[Engine]:
+    import importlib
+
+    module, _, attr = plugin.partition(":")
+    try:
+        cls = getattr(importlib.import_module(module), attr)
+    except (ImportError, AttributeError) as e:
+        raise BakeoffError(f"engine plugin {plugin!r} cannot be loaded ({type(e).__name__}: {e}); the module "
+                           "must be importable (PYTHONPATH) and define that class") from None
+    if not (isinstance(cls, type) and issubclass(cls, Engine)):
+        raise BakeoffError(f"engine plugin {plugin!r} is not a subclass of bakeoff.engines.Engine")
+    return cls
 
 
 @dataclass
@@ -119,6 +142,8 @@ class Engine(abc.ABC):
     context_setting: str | None = None
     # What the DAG builds for it before it can start: "llamacpp" (the tools), "llamacpp-python" (the binding), None.
     toolchain: str | None = None
+    # Its Prometheus names for KV-cache use, waiting and running requests; None: it exposes none.
+    metric_names: MetricNames | None = None
 
     # --- what the engine knows about itself, asked before any server starts ----------
     @classmethod

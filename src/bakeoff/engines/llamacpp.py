@@ -11,6 +11,7 @@ from bakeoff.engines.flags import settings_to_flags
 from bakeoff.engines.toolchain import toolchain_bin
 from bakeoff.errors import BakeoffError
 from bakeoff.layout import GGUF_NAME
+from bakeoff.loadgen.scrape import MetricNames
 from bakeoff.models.manifest import read_manifest
 
 
@@ -20,6 +21,9 @@ class LlamaCppEngine(Engine):
     serves = "gguf"
     health_path = "/health"
     toolchain = "llamacpp"
+    # KV occupancy comes from /slots: its Prometheus page has no KV gauge.
+    metric_names = MetricNames(kv_usage=(), waiting=("llamacpp:requests_deferred",),
+                               running=("llamacpp:requests_processing",), slots_kv=True)
 
     @classmethod
     def request_context(cls, settings: Mapping[str, Any], model_max_context: int | None = None) -> int:

@@ -21,6 +21,7 @@ from bakeoff.config.schema import EngineCfg, HardwareCfg
 from bakeoff.engines.base import Engine, engine_error_line, register
 from bakeoff.engines.flags import settings_to_flags
 from bakeoff.hardware.gpu import docker_gpu_args
+from bakeoff.loadgen.scrape import MetricNames
 
 CONTAINER_MODEL_DIR = "/model"
 # The kernel a per-tensor FP8 checkpoint needs at its first forward pass, called the way vLLM calls it.
@@ -70,6 +71,8 @@ class VllmEngine(Engine):
         r"NotImplementedError",
     )
     context_setting = "max_model_len"
+    metric_names = MetricNames(kv_usage=("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"),
+                               waiting=("vllm:num_requests_waiting",), running=("vllm:num_requests_running",))
     # Quant methods whose weights stay FP8 when served (the others are 16-bit checkpoints).
     runtime_fp8_methods = ("fp8",)
 

@@ -27,7 +27,8 @@ class MeasuredWindow:
 
     def start(self) -> None:
         spec = self.engine.spec
-        self.scraper = MetricsScraper(self.engine.base_url, spec.engine.plugin, spec.engine.api_key).start()
+        self.scraper = MetricsScraper(self.engine.base_url, self.engine.metric_names, spec.engine.api_key,
+                                      label=self.engine.name).start()
         if self.gpu:
             self.gpu_window = GpuWindow(self.engine.env()).start()  # the server's own GPUs, as it was started
 

@@ -39,14 +39,6 @@ class MetricNames:
     slots_kv: bool = False  # KV occupancy from llama-server's /slots
 
 
-NAMES = {
-    "vllm": MetricNames(kv_usage=("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"),
-                        waiting=("vllm:num_requests_waiting",), running=("vllm:num_requests_running",)),
-    "llamacpp": MetricNames(kv_usage=(), waiting=("llamacpp:requests_deferred",),
-                            running=("llamacpp:requests_processing",), slots_kv=True),
-}
-
-
 def gauges(text: str) -> dict[str, float]:
     """Every sample of a Prometheus text page, summed over label sets, by sample name."""
     from prometheus_client.parser import text_string_to_metric_families  # only where a cell scrapes
@@ -81,8 +73,9 @@ class MetricsScraper:
     """Polls one server's metrics every ``interval_s`` between ``start()`` and ``stop()``."""
 
     base_url: str
-    plugin: str
+    names: MetricNames | None  # the engine's own (Engine.metric_names); None: it exposes none
     api_key: str | None = None
+    label: str = ""  # who answers (the engine's name), for metrics_source
     interval_s: float = 0.5
     kv_peak: float | None = None
     waiting_peak: float | None = None
@@ -92,10 +85,6 @@ class MetricsScraper:
     last_error: str = ""
     _stop: threading.Event = field(default_factory=threading.Event)
     _thread: threading.Thread | None = None
-
-    @property
-    def names(self) -> MetricNames | None:
-        return NAMES.get(self.plugin)
 
     def _get(self, path: str) -> requests.Response:
         headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else None
@@ -147,7 +136,7 @@ class MetricsScraper:
     def columns(self) -> dict[str, Any]:
         if self.names is None:
             return {}
-        src = f"{self.plugin} /metrics" + (" + /slots" if self.names.slots_kv else "")
+        src = f"{self.label} /metrics".lstrip() + (" + /slots" if self.names.slots_kv else "")
         if self.errors and not self.scrapes:
             src += f" (unavailable: {self.last_error})"
         return {

@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import os
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 
 from bakeoff.errors import ToolchainError
 from bakeoff.layout import GGUF_NAME
 from bakeoff.models.artifacts import staged_dir
+from bakeoff.models.derived import run_gguf_tool
 from bakeoff.models.manifest import read_manifest, verify, write_format_manifest
 from bakeoff.models.weights import gguf_stats
 
@@ -43,19 +43,9 @@ def convert(src_dir: Path, source_tree: Path, out_dir: Path, outtype: str = "f16
     script = source_tree / "llama.cpp" / "convert_hf_to_gguf.py"
     if not script.is_file():
         raise ToolchainError(f"{script} not found: is {source_tree} a llama.cpp source tree?")
-    with staged_dir(out_dir) as stage:
-        out = stage / GGUF_NAME
-        cmd = [sys.executable, str(script), str(src_dir), "--outtype", outtype.lower(), "--outfile", str(out)]
-        proc = subprocess.run(cmd, capture_output=True, text=True)
-        sys.stderr.write(proc.stdout[-4000:] + proc.stderr[-4000:])
-        if proc.returncode != 0 or not out.is_file():
-            raise ToolchainError(f"convert_hf_to_gguf.py failed ({proc.returncode}):\n{proc.stderr[-2000:]}")
-        write_format_manifest(
-            stage,
-            src,
-            fmt,
-            derived_from=f"{src['format']} ({src['derived_from']})",
-            tool={"name": "convert_hf_to_gguf.py", "version": f"llama.cpp@{tree_manifest['commit']}"},
-            gguf_type=outtype.upper(),
-            **gguf_stats(out),
-        )
+    run_gguf_tool(lambda out: [sys.executable, str(script), str(src_dir), "--outtype", outtype.lower(),
+                               "--outfile", str(out)],
+                  "convert_hf_to_gguf.py", out_dir, src, fmt,
+                  derived_from=f"{src['format']} ({src['derived_from']})",
+                  tool={"name": "convert_hf_to_gguf.py", "version": f"llama.cpp@{tree_manifest['commit']}"},
+                  gguf_type=outtype.upper())

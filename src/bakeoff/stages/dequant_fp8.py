@@ -11,10 +11,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from bakeoff.errors import BakeoffError
-from bakeoff.models.artifacts import staged_dir
+from bakeoff.models.derived import save_hf_format
 from bakeoff.models.hfmodel import drop_quantizer, strip_quant_params
-from bakeoff.models.manifest import verify, write_format_manifest
-from bakeoff.models.weights import safetensors_stats
+from bakeoff.models.manifest import verify
 
 
 def dequantize(src_dir: Path, out_dir: Path, fmt: str = "fp8-dequant") -> None:
@@ -30,14 +29,6 @@ def dequantize(src_dir: Path, out_dir: Path, fmt: str = "fp8-dequant") -> None:
     drop_quantizer(model)
     if strip_quant_params(model) == 0:
         raise BakeoffError(f"{src_dir}: no FP8 scales found: is this a compressed-tensors FP8 checkpoint?")
-    with staged_dir(out_dir) as stage:
-        model.save_pretrained(stage, safe_serialization=True)
-        tok.save_pretrained(stage)
-        write_format_manifest(
-            stage,
-            src,
-            fmt,
-            derived_from=f"{src['format']} ({src['derived_from']})",
-            tool={"name": "compressed-tensors", "version": compressed_tensors.__version__},
-            **safetensors_stats(stage),
-        )
+    save_hf_format(model, tok, out_dir, src, fmt,
+                   derived_from=f"{src['format']} ({src['derived_from']})",
+                   tool={"name": "compressed-tensors", "version": compressed_tensors.__version__})

@@ -15,10 +15,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from bakeoff.errors import ModelSourceError
-from bakeoff.models.artifacts import staged_dir
+from bakeoff.models.derived import save_hf_format
 from bakeoff.models.hfmodel import drop_quantizer
-from bakeoff.models.manifest import verify, write_format_manifest
-from bakeoff.models.weights import safetensors_stats
+from bakeoff.models.manifest import verify
 
 
 def _load(source_dir: Path, source: dict):
@@ -45,14 +44,6 @@ def convert(source_dir: Path, out_dir: Path, fmt: str = "fp16") -> None:
 
     src = verify(source_dir)
     model, tok = _load(source_dir, src["source"])
-    with staged_dir(out_dir) as stage:
-        model.save_pretrained(stage, safe_serialization=True)
-        tok.save_pretrained(stage)
-        write_format_manifest(
-            stage,
-            src,
-            fmt,
-            derived_from=src["derived_from"],
-            tool={"name": "transformers", "version": transformers.__version__},
-            **safetensors_stats(stage),
-        )
+    save_hf_format(model, tok, out_dir, src, fmt,
+                   derived_from=src["derived_from"],
+                   tool={"name": "transformers", "version": transformers.__version__})

@@ -14,9 +14,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from bakeoff.errors import BakeoffError
-from bakeoff.models.artifacts import staged_dir
-from bakeoff.models.manifest import verify, write_format_manifest
-from bakeoff.models.weights import safetensors_stats
+from bakeoff.models.derived import save_hf_format
+from bakeoff.models.manifest import verify
 
 
 def quantize(src_dir: Path, out_dir: Path, scheme: str | dict = "FP8_DYNAMIC", ignore: list[str] | None = None,
@@ -65,16 +64,7 @@ def quantize(src_dir: Path, out_dir: Path, scheme: str | dict = "FP8_DYNAMIC", i
         raise BakeoffError(f"{src_dir}: no Linear module was quantized (ignore={ignore})")
     compressor = ModelCompressor.from_pretrained_model(model, quantization_format="float-quantized")
     compressor.compress_model(model)
-    with staged_dir(out_dir) as stage:
-        model.save_pretrained(stage, safe_serialization=True)
-        compressor.update_config(str(stage))
-        tok.save_pretrained(stage)
-        write_format_manifest(
-            stage,
-            src,
-            fmt,
-            derived_from=f"{src['format']} ({src['derived_from']})",
-            tool={"name": "compressed-tensors", "version": compressed_tensors.__version__},
-            quantization={"scheme": scheme, "ignore": ignore, "quantized_modules": n},
-            **safetensors_stats(stage),
-        )
+    save_hf_format(model, tok, out_dir, src, fmt, finish=lambda stage: compressor.update_config(str(stage)),
+                   derived_from=f"{src['format']} ({src['derived_from']})",
+                   tool={"name": "compressed-tensors", "version": compressed_tensors.__version__},
+                   quantization={"scheme": scheme, "ignore": ignore, "quantized_modules": n})
