@@ -95,3 +95,15 @@ def test_the_plots_read_back_the_same_latencies_the_summary_uses(tmp_path: Path)
     assert tpot == pytest.approx([300.0, 500.0])  # the one-token request has no TPOT
     assert np.median(tpot) == pytest.approx(m["median_tpot_ms"])
     assert RequestRecord.from_json(RECORDS[0].to_json()) == RECORDS[0]
+
+
+def test_the_summary_columns_are_the_metrics_a_cell_computes() -> None:
+    from bakeoff.loadgen.metrics import SERVER_METRICS, SUMMARY_METRICS
+    from bakeoff.stages.summary import COLUMNS
+
+    recs = [_rec(i, ttft=0.1, e2el=0.5, out=4, itl=[0.1, 0.1, 0.2]) for i in range(3)]
+    computed = summarize(recs, 2.0, slos_ms={"ttft": 150.0})
+    assert set(SUMMARY_METRICS) | set(SERVER_METRICS) <= set(computed)
+    # in the summary, in the metrics' own order
+    at = [COLUMNS.index(k) for k in (*SUMMARY_METRICS, *SERVER_METRICS)]
+    assert at == sorted(at) and len(set(COLUMNS)) == len(COLUMNS)

@@ -41,6 +41,19 @@ import numpy as np
 
 PERCENTILES = (90, 99)
 STAT_METRICS = ("ttft", "tpot", "itl", "e2el")
+THROUGHPUT_METRICS = ("output_throughput", "request_throughput", "total_token_throughput", "duration_s")
+SERVER_METRICS = ("server_median_tpot_ms", "server_median_prompt_ms")
+
+
+def stat_key(stat: str, metric: str) -> str:
+    """The flat key of one statistic of one latency metric, in milliseconds: ``median_ttft_ms``."""
+    return f"{stat}_{metric}_ms"
+
+
+# What a summary row carries of each cell's metrics, in the summary's column order: throughput, the median
+# and p99 of every latency, the two means vLLM prints first, goodput. The summary's columns start from this.
+SUMMARY_METRICS = (*THROUGHPUT_METRICS, *(stat_key(s, m) for m in STAT_METRICS for s in ("median", "p99")),
+                   stat_key("mean", "ttft"), stat_key("mean", "tpot"), "request_goodput")
 
 
 @dataclass
@@ -82,14 +95,9 @@ class RequestRecord:
 
 def _stats(name: str, values_s: list[float]) -> dict[str, float]:
     arr = np.asarray(values_s, dtype=float) * 1000.0
-    if arr.size == 0:
-        out = {f"mean_{name}_ms": float("nan"), f"median_{name}_ms": float("nan"), f"std_{name}_ms": float("nan")}
-        out.update({f"p{p}_{name}_ms": float("nan") for p in PERCENTILES})
-        return out
-    out = {f"mean_{name}_ms": float(arr.mean()), f"median_{name}_ms": float(np.median(arr)),
-           f"std_{name}_ms": float(arr.std())}
-    out.update({f"p{p}_{name}_ms": float(np.percentile(arr, p)) for p in PERCENTILES})
-    return out
+    stats = {"mean": np.mean, "median": np.median, "std": np.std, **{f"p{p}": (lambda a, p=p: np.percentile(a, p))
+                                                                  for p in PERCENTILES}}
+    return {stat_key(k, name): float(f(arr)) if arr.size else float("nan") for k, f in stats.items()}
 
 
 def summarize(records: list[RequestRecord], duration_s: float, slos_ms: dict[str, float] | None = None) -> dict[str, Any]:
@@ -121,8 +129,8 @@ def summarize(records: list[RequestRecord], duration_s: float, slos_ms: dict[str
         res.update(_stats(name, per[name]))
     server_tpot = [r.server_tpot_ms for r in ok if r.server_tpot_ms is not None]
     server_prompt = [r.server_prompt_ms for r in ok if r.server_prompt_ms is not None]
-    res["server_median_tpot_ms"] = float(np.median(server_tpot)) if server_tpot else None
-    res["server_median_prompt_ms"] = float(np.median(server_prompt)) if server_prompt else None
+    res[SERVER_METRICS[0]] = float(np.median(server_tpot)) if server_tpot else None
+    res[SERVER_METRICS[1]] = float(np.median(server_prompt)) if server_prompt else None
     if slos_ms:
         good = 0
         for r in ok:
@@ -130,5 +138,5 @@ def summarize(records: list[RequestRecord], duration_s: float, slos_ms: dict[str
             values = {"ttft": r.ttft, "tpot": r.tpot or 0.0, "e2el": r.e2el}
             if all(values[k] * 1000.0 <= v for k, v in slos_ms.items()):
                 good += 1
-        res["request_goodput"] = good / duration_s if duration_s > 0 else float("nan")
+        res[SUMMARY_METRICS[-1]] = good / duration_s if duration_s > 0 else float("nan")
     return res

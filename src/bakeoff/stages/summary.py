@@ -17,6 +17,7 @@ from typing import Any
 
 from bakeoff.hardware.telemetry import COLUMNS as TELEMETRY_COLUMNS
 from bakeoff.loadgen.health import COLUMNS as CLIENT_HEALTH_COLUMNS
+from bakeoff.loadgen.metrics import SERVER_METRICS, SUMMARY_METRICS
 from bakeoff.loadgen.scrape import COLUMNS as SCRAPE_COLUMNS
 from bakeoff.models.artifacts import atomic_write_text
 from bakeoff.quality.compare import QUALITY_COLUMNS, quality_columns
@@ -25,13 +26,10 @@ COLUMNS = [
     "experiment", "model", "engine", "engine_version", "format", "hardware",
     "concurrency", "prompt_len", "output_len", "repeat", "request_rate",
     "requests", "completed", "failed", "status", "reason",
-    "output_throughput", "request_throughput", "total_token_throughput", "duration_s",
-    "median_ttft_ms", "p99_ttft_ms", "median_tpot_ms", "p99_tpot_ms",
-    "median_itl_ms", "p99_itl_ms", "median_e2el_ms", "p99_e2el_ms",
-    "mean_ttft_ms", "mean_tpot_ms", "request_goodput",
+    *SUMMARY_METRICS,
     "peak_rss_bytes", "memory_source", "peak_gpu_bytes", "weight_bytes", "bits_per_weight", "n_params",
     "startup_s", "server_start", "client_cpu_s_per_1k_tokens", "client_loop_lag_p99_ms", *CLIENT_HEALTH_COLUMNS,
-    "server_median_tpot_ms", "server_median_prompt_ms",
+    *SERVER_METRICS,
     *[c for c in TELEMETRY_COLUMNS if c != "peak_gpu_bytes"], *SCRAPE_COLUMNS,
     "engine_settings", "config_hash", "load_note",
     *QUALITY_COLUMNS,
