@@ -37,7 +37,7 @@ def _cmd_verify(a: argparse.Namespace) -> None:
         print(f"ok  {p}  ({len(m['files'])} files, {m['total_bytes']} bytes)")
 
 
-def _cmd_summarize(a: argparse.Namespace) -> None:
+def _cmd_summary(a: argparse.Namespace) -> None:
     from bakeoff.stages.summary import COLUMNS, rows, write_csv
 
     records = rows([Path(p) for p in a.indexes], a.config_hash)
@@ -366,7 +366,8 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("paths", nargs="+")
     v.set_defaults(func=_cmd_verify)
 
-    m = sub.add_parser("summarize", help="write results/summary.csv from the variants' cells.json")
+    m = sub.add_parser("summary", aliases=["summarize"],
+                       help="write results/summary.csv from the variants' cells.json")
     m.add_argument("indexes", nargs="*", help="cells.json of every variant")
     m.add_argument("--out", default="results/summary.csv")
     m.add_argument("--config-hash", default="")
@@ -375,7 +376,7 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--published", help="published numbers YAML: adds measured/published ratio columns")
     m.add_argument("--hardware", help="results/hardware.json (the doctor's): predictions, measured CPU bandwidth")
     m.add_argument("--kernel", nargs="*", default=[], help="llama-bench results (kernel_bench rule): kernel columns")
-    m.set_defaults(func=_cmd_summarize)
+    m.set_defaults(func=_cmd_summary)
 
     sm = sub.add_parser("samples", help="write the variants' sample generations side by side (markdown + json)")
     sm.add_argument("variants", nargs="+", help="samples.json of every variant")

@@ -21,7 +21,7 @@ rule summary:
     conda:
         "../../envs/bakeoff.yaml"
     shell:
-        "bakeoff summarize {input.cells} --config-hash {params.config_hash} --points {input.points}"
+        "bakeoff summary {input.cells} --config-hash {params.config_hash} --points {input.points}"
         " --published {input.published} --hardware {input.hardware} --kernel {input.kernel} --out {output} > {log} 2>&1"
 
 
