@@ -119,7 +119,8 @@ def test_one_published_number_for_both_prompt_lengths_is_compared_once() -> None
     assert ("seed.tput.llamacpp_q4km.c1: one published number for prompt_len 128/1024, compared once with the "
             "mean of 2 rows") in p128["published_compared_as"]
     assert c8["output_throughput_vs_published"] == pytest.approx(1.0)  # a group of one cell: its own value
-    assert "prompt_len 128," in c8["published_compared_as"]
+    assert "for prompt_len 128; only this row measured it" in c8["published_compared_as"]
+    assert "mean of 1 " not in c8["published_compared_as"]
 
 
 def test_blog_v100_runs_the_fallback_and_the_seeds_open_loop_load() -> None:

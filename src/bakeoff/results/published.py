@@ -231,7 +231,9 @@ def compare(rows: list[dict[str, Any]], pub: Published) -> list[str]:
             if m.pooled:
                 over = ", ".join(f"{k} {'/'.join(sorted({str(r.get(k)) for r in group}, key=_natural))}"
                                  for k in m.pooled)
-                pool_note = f"{m.id}: one published number for {over}, compared once with the mean of {len(values)} rows"
+                pool_note = (f"{m.id}: one published number for {over}, compared once with the mean of {len(values)} rows"
+                             if len(values) > 1 else
+                             f"{m.id}: one published number for {over}; only this row measured it")
             for r in group:
                 r["_refs"].append(m.id)
                 r[f"published_{m.metric}"] = m.reference
