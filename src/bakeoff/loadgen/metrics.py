@@ -42,7 +42,9 @@ import numpy as np
 PERCENTILES = (90, 99)
 STAT_METRICS = ("ttft", "tpot", "itl", "e2el")
 THROUGHPUT_METRICS = ("output_throughput", "request_throughput", "total_token_throughput", "duration_s")
-SERVER_METRICS = ("server_median_tpot_ms", "server_median_prompt_ms")
+SERVER_TPOT, SERVER_PROMPT = "server_median_tpot_ms", "server_median_prompt_ms"
+SERVER_METRICS = (SERVER_TPOT, SERVER_PROMPT)
+GOODPUT = "request_goodput"
 
 
 def stat_key(stat: str, metric: str) -> str:
@@ -53,7 +55,7 @@ def stat_key(stat: str, metric: str) -> str:
 # What a summary row carries of each cell's metrics, in the summary's column order: throughput, the median
 # and p99 of every latency, the two means vLLM prints first, goodput. The summary's columns start from this.
 SUMMARY_METRICS = (*THROUGHPUT_METRICS, *(stat_key(s, m) for m in STAT_METRICS for s in ("median", "p99")),
-                   stat_key("mean", "ttft"), stat_key("mean", "tpot"), "request_goodput")
+                   stat_key("mean", "ttft"), stat_key("mean", "tpot"), GOODPUT)
 
 
 @dataclass
@@ -129,8 +131,8 @@ def summarize(records: list[RequestRecord], duration_s: float, slos_ms: dict[str
         res.update(_stats(name, per[name]))
     server_tpot = [r.server_tpot_ms for r in ok if r.server_tpot_ms is not None]
     server_prompt = [r.server_prompt_ms for r in ok if r.server_prompt_ms is not None]
-    res[SERVER_METRICS[0]] = float(np.median(server_tpot)) if server_tpot else None
-    res[SERVER_METRICS[1]] = float(np.median(server_prompt)) if server_prompt else None
+    res[SERVER_TPOT] = float(np.median(server_tpot)) if server_tpot else None
+    res[SERVER_PROMPT] = float(np.median(server_prompt)) if server_prompt else None
     if slos_ms:
         good = 0
         for r in ok:
@@ -138,5 +140,5 @@ def summarize(records: list[RequestRecord], duration_s: float, slos_ms: dict[str
             values = {"ttft": r.ttft, "tpot": r.tpot or 0.0, "e2el": r.e2el}
             if all(values[k] * 1000.0 <= v for k, v in slos_ms.items()):
                 good += 1
-        res[SUMMARY_METRICS[-1]] = good / duration_s if duration_s > 0 else float("nan")
+        res[GOODPUT] = good / duration_s if duration_s > 0 else float("nan")
     return res
