@@ -20,6 +20,8 @@ from bakeoff.layout import cell_name, is_cell_stem
 from bakeoff.models.manifest import verify, write_manifest
 from bakeoff.stages.node import COLLECT, NODE_SH, collect, pack, unpack
 
+from conftest import snakemake
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -181,3 +183,27 @@ def test_pack_resume_carries_only_finished_cells_and_names_their_tarball(fetched
 def test_cell_stems_are_told_from_other_files():
     assert is_cell_stem(cell_name(8, 128)) and is_cell_stem(cell_name(32, 1024, 2))
     assert not any(is_cell_stem(s) for s in ("cells", "quality", "samples", "server", "c8-p128-r0", "c8"))
+
+
+def _planned_threads(cores: int) -> dict[str, int]:
+    """rule -> threads of its planned job in a dry run of `snakemake node` on the H200 config (1 when not printed)."""
+    out = snakemake("-n", "--forceall", "--cores", str(cores), "node", "--config", "experiment=h200_llamacpp").stdout
+    threads: dict[str, int] = {}
+    current = None
+    for line in out.splitlines():
+        if line.startswith(("rule ", "localrule ")):
+            current = line.split()[1].rstrip(":")
+            threads.setdefault(current, 1)
+        elif current and line.strip().startswith("threads:"):
+            threads[current] = int(line.split(":")[1])
+    return threads
+
+
+def test_a_fresh_node_makes_the_model_beside_the_compile():
+    """On 16 cores the compile leaves one core, so the one-thread source and f16 jobs need not wait for it;
+    on a 2-core machine the compile takes both."""
+    node = _planned_threads(16)
+    assert node["build_llamacpp"] == 15
+    assert node["fetch_model"] == node["convert_gguf"] == 1
+    assert node["build_llamacpp"] + node["fetch_model"] <= 16
+    assert _planned_threads(2)["build_llamacpp"] == 2

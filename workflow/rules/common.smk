@@ -98,6 +98,12 @@ def source_tree_manifest():
     return LLAMACPP_SRC.format(commit=TC.commit)
 
 
+def build_threads():
+    """All cores on a small machine; one short of all on a larger one (a fresh GPU node), so the
+    one-thread model jobs that need no toolchain (the source, its f16 convert) run beside the compile."""
+    return workflow.cores - 1 if workflow.cores > 4 else workflow.cores
+
+
 def spec_file(text):
     """``@path`` of a file holding ``text`` (a job's JSON config slice), for ``bakeoff stage --spec/--hardware``."""
     path = Path(spec_path(text))

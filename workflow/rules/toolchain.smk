@@ -23,7 +23,7 @@ rule build_llamacpp:
     params:
         spec=toolchain_spec,
         hardware=hardware_spec,
-    threads: workflow.cores
+    threads: build_threads()
     log:
         "logs/build/llamacpp/{toolchain}.log",
     benchmark:
