@@ -44,6 +44,18 @@ def snakemake(*args: str, check: bool = True, timeout: float = 3000, cwd: Path =
     return proc
 
 
+def planned_jobs(plan: str) -> list[tuple[str, dict[str, str]]]:
+    """A dry run's jobs in order: rule name and its printed fields (input, threads, resources, ...)."""
+    jobs: list[tuple[str, dict[str, str]]] = []
+    for line in plan.splitlines():
+        m = re.match(r"^(?:local)?(?:rule|checkpoint) (\w+):", line)
+        if m:
+            jobs.append((m.group(1), {}))
+        elif jobs and (f := re.match(r"^\s+(\w+): (.*)$", line)):
+            jobs[-1][1][f.group(1)] = f.group(2)
+    return jobs
+
+
 SPEC_REF = re.compile(r"(?:--spec|--hardware) '?@([^ ']+)")  # a config slice a stage command names
 
 

@@ -21,9 +21,10 @@ from bakeoff.hardware.doctor import DoctorError, analyze, recheck
 from bakeoff.hardware.ecc import growth, judge, plan_single_gpu_bench
 from bakeoff.stages import gpu_check
 
-from conftest import snakemake
+from conftest import ROOT, planned_jobs, results_root, snakemake
 
 FIX = Path(__file__).parent / "fixtures" / "hardware"
+H200_RECORD = ROOT / "runs/h200-llamacpp/matrix-2026-12-04-s6/hardware.json"  # the doctor's record on the lent H200
 
 
 def _v100(gpu1_volatile: int = 0, gpu1_aggregate: int = 0) -> dict:
@@ -136,6 +137,43 @@ def test_the_stage_runs_llama_bench_per_card_and_stops_on_a_slow_one(tmp_path: P
     assert [c["visible"] for c in calls] == ["GPU-v100-0", "GPU-v100-1"]
     rep = gpu_check.run(record=record, model_dir=model, toolchain_dir=tc, out=tmp_path / "c.json", allow=True)
     assert [c["verdict"] for c in rep["cards"]] == ["ok", "slower"]
+    with pytest.raises(DoctorError, match=r"needs a GGUF \(--input\).*given neither"):
+        gpu_check.run(record=record, model_dir=None, toolchain_dir=None, out=tmp_path / "c.json")
+
+
+def _node_plan(tmp_path: Path, record: dict) -> dict[str, dict[str, str]]:
+    """gpu_check's and the f16 serve_load's planned fields in a dry run of `snakemake node` (H200 config) with
+    ``record`` as the doctor's finished record."""
+    root = results_root(tmp_path / "work")
+    (root / "results").mkdir()
+    (root / "results/hardware.json").write_text(json.dumps(record))
+    out = snakemake("-n", "--cores", "16", "node", "--config", "experiment=h200_llamacpp", cwd=root).stdout
+    jobs = planned_jobs(out)
+    assert "doctor" not in [rule for rule, _ in jobs]  # its record is there: the checkpoint is resolved
+    check = [f for rule, f in jobs if rule == "gpu_check"]
+    serve = [f for rule, f in jobs if rule == "serve_load" and "/f16/" in f["input"]]
+    assert len(check) == len(serve) == 1, jobs
+    return {"gpu_check": check[0], "serve_f16": serve[0]}
+
+
+def test_on_a_clean_card_no_server_waits_for_the_check_s_gguf(tmp_path: Path) -> None:
+    """The doctor's record decides the check's inputs (a checkpoint): the lent H200's real record has no ECC
+    history, so the check needs no GGUF and no build, takes one core and runs beside the build; the f16 server
+    then waits for no quantization. The same record with one lifetime uncorrectable error on the card
+    (set here) brings back the smallest GGUF, the tools and every core."""
+    facts = json.loads(H200_RECORD.read_text())
+    assert facts["ecc_history"] == {}
+    clean = _node_plan(tmp_path / "clean", facts)
+    assert clean["gpu_check"]["input"] == "results/hardware.json"
+    assert clean["gpu_check"].get("threads", "1") == "1"  # a dry run prints no "threads: 1"
+    assert "q4_k_m" not in clean["serve_f16"]["input"] and "q8_0" not in clean["serve_f16"]["input"]
+
+    facts["gpus"][0]["ecc"]["aggregate"]["uncorrected"] = 1
+    cfg = load_config(["experiment=h200_llamacpp"])
+    scarred = _node_plan(tmp_path / "scarred", {**facts, **analyze(facts, cfg.hardware, cfg.doctor)})
+    check = scarred["gpu_check"]
+    assert "models/llama2-7b-synthetic/q4_k_m/manifest.json" in check["input"]
+    assert "build/llamacpp/0c1e57098-cuda90/manifest.json" in check["input"] and check["threads"] == "16"
 
 
 def test_the_dag_checks_before_the_first_server_and_after_the_last() -> None:

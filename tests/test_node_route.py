@@ -20,7 +20,7 @@ from bakeoff.layout import cell_name, is_cell_stem
 from bakeoff.models.manifest import verify, write_manifest
 from bakeoff.stages.node import COLLECT, NODE_SH, collect, pack, unpack
 
-from conftest import snakemake
+from conftest import planned_jobs, snakemake
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -188,15 +188,7 @@ def test_cell_stems_are_told_from_other_files():
 def _planned_threads(cores: int) -> dict[str, int]:
     """rule -> threads of its planned job in a dry run of `snakemake node` on the H200 config (1 when not printed)."""
     out = snakemake("-n", "--forceall", "--cores", str(cores), "node", "--config", "experiment=h200_llamacpp").stdout
-    threads: dict[str, int] = {}
-    current = None
-    for line in out.splitlines():
-        if line.startswith(("rule ", "localrule ")):
-            current = line.split()[1].rstrip(":")
-            threads.setdefault(current, 1)
-        elif current and line.strip().startswith("threads:"):
-            threads[current] = int(line.split(":")[1])
-    return threads
+    return {rule: int(fields.get("threads", 1)) for rule, fields in planned_jobs(out)}
 
 
 def test_a_fresh_node_makes_the_model_beside_the_compile():
@@ -207,3 +199,14 @@ def test_a_fresh_node_makes_the_model_beside_the_compile():
     assert node["fetch_model"] == node["convert_gguf"] == 1
     assert node["build_llamacpp"] + node["fetch_model"] <= 16
     assert _planned_threads(2)["build_llamacpp"] == 2
+
+
+def test_a_node_serves_a_ready_model_before_making_the_next():
+    """Every job after the build takes all cores, so they run one at a time: the greedy scheduler starts the
+    highest priority first. Serving outranks quantizing and llama-bench, so a call cut off by its time limit
+    has spent its minutes on cells (the gate before servers outranks both)."""
+    out = snakemake("-n", "--forceall", "--cores", "16", "node", "--config", "experiment=h200_llamacpp").stdout
+    prio: dict[str, set[int]] = {}
+    for rule, fields in planned_jobs(out):
+        prio.setdefault(rule, set()).add(int(fields.get("priority", 0)))
+    assert min(prio["gpu_check"]) > max(prio["serve_load"]) > max(prio["quantize_gguf"] | prio["kernel_bench"])

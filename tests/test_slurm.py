@@ -2,26 +2,18 @@
 
 from __future__ import annotations
 
-import re
-
 import pytest
 
-from conftest import ROOT, snakemake
+from conftest import ROOT, planned_jobs, snakemake
 
 PROFILE = "workflow/profiles/slurm"
 
 
 def _jobs(out: str) -> dict[str, list[str]]:
-    """rule name -> the 'resources:' lines of its planned jobs (local rules are printed as 'localrule')."""
+    """rule name -> the 'resources:' lines of its planned jobs."""
     jobs: dict[str, list[str]] = {}
-    current = None
-    for line in out.splitlines():
-        m = re.match(r"^(local)?rule (\w+):", line)
-        if m:
-            current = ("local:" if m.group(1) else "") + m.group(2)
-            jobs.setdefault(current, [])
-        elif current and line.strip().startswith("resources:"):
-            jobs[current].append(line.strip())
+    for rule, fields in planned_jobs(out):
+        jobs.setdefault(rule, []).append(f"resources: {fields.get('resources', '')}")
     return jobs
 
 

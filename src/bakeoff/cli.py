@@ -327,7 +327,8 @@ def _cmd_stage(a: argparse.Namespace) -> None:
         from bakeoff.stages.gpu_check import run as gpu_check
 
         spec = json.loads(a.spec)
-        gpu_check(record=Path(spec["record"]), model_dir=_dir(a.input), toolchain_dir=_dir(a.toolchain),
+        gpu_check(record=Path(spec["record"]), model_dir=_dir(a.input) if a.input else None,
+                  toolchain_dir=_dir(a.toolchain) if a.toolchain else None,
                   out=Path(a.out), allow=schema.DoctorCfg.model_validate(spec.get("doctor", {})).allow_uncorrected_ecc)
     elif name == "ecc-recheck":  # --input results/hardware.json (the doctor's record before the first server)
         from bakeoff.hardware.doctor import recheck

@@ -75,6 +75,32 @@ def gpu_check_format():
     return next((f for f in ("q4_k_m", "q8_0", "f16") if f in ggufs), ggufs[0] if ggufs else None)
 
 
+def gpu_check_inputs(wildcards):
+    """The single-card check's GGUF and tools, only where the doctor's record shows ECC history.
+
+    doctor is a checkpoint, so on a clean card gpu_check needs neither, and no server waits for a
+    quantization it does not serve (on a fresh H200 node, q4_k_m's before the f16 server).
+    """
+    from bakeoff.hardware.ecc import single_gpu_check_needed
+
+    record = json.loads(Path(checkpoints.doctor.get().output[0]).read_text())
+    if not single_gpu_check_needed(record):
+        return {}
+    return {"model": MODEL.format(model=MODEL_NAME, format=gpu_check_format()), "toolchain": toolchain_manifest()}
+
+
+def gpu_check_args(wildcards, input):
+    """The check's --input and --toolchain, when the DAG gave it those."""
+    names = {"model": "--input", "toolchain": "--toolchain"}
+    return " ".join(f"{flag} {input[key]}" for key, flag in names.items() if key in input.keys())
+
+
+def gpu_check_threads(wildcards, input):
+    """Every core while it benchmarks (each GPU alone); one when it has nothing to run, so it need not wait
+    for the build."""
+    return workflow.cores if "model" in input.keys() else 1
+
+
 def ecc_after():
     """The ECC re-check after the last server (CUDA only): its target, or nothing."""
     return [HARDWARE_AFTER] if CFG.hardware.backend == "cuda" else []

@@ -5,7 +5,7 @@
 # gpu_check; ecc_recheck after the last server fails the run if any uncorrectable count grew (bakeoff.hardware.ecc).
 
 
-rule doctor:
+checkpoint doctor:
     output:
         HARDWARE,
     params:
@@ -22,17 +22,19 @@ rule doctor:
 
 
 # The seed's single-card benchmark: each GPU alone, a short llama-bench, judged against its twin; it does
-# nothing unless the doctor found historical uncorrectable ECC errors. Serving jobs wait for it.
+# nothing unless the doctor found historical uncorrectable ECC errors. Serving jobs wait for it. doctor is a
+# checkpoint, so only a record with that history makes the check ask for a GGUF and the tools (gpu_check_inputs).
 rule gpu_check:
     input:
+        unpack(gpu_check_inputs),
         hardware=HARDWARE,
-        model=lambda w: MODEL.format(model=MODEL_NAME, format=gpu_check_format()),
-        toolchain=lambda w: toolchain_manifest(),
     output:
         GPU_CHECK,
     params:
         spec=lambda w, input: spec_file(json.dumps({"record": input.hardware, "doctor": CFG.doctor.model_dump(mode="json")})),
-    threads: workflow.cores
+        tools=gpu_check_args,
+    threads: gpu_check_threads
+    priority: 10
     resources:
         **GPU_RESOURCES,
     log:
@@ -40,8 +42,7 @@ rule gpu_check:
     conda:
         LLAMACPP_ENV
     shell:
-        "bakeoff stage gpu-check --spec {params.spec:q} --input {input.model} --toolchain {input.toolchain}"
-        " --out {output} > {log} 2>&1"
+        "bakeoff stage gpu-check --spec {params.spec:q} {params.tools} --out {output} > {log} 2>&1"
 
 
 # After the last server (every variant's cells and the kernel benchmarks): ECC counts again. GPUs are matched

@@ -1,7 +1,8 @@
 # One job per server config: start the engine once, run all its load cells, score its quality
 # (on the same server, or on the engine's eval_server for the same artifact), stop it.
 # $PPID (of the job shell) is snakemake: if it dies, even by SIGKILL, the stage stops its server.
-# threads = all cores, so a measurement never shares the machine with another job.
+# threads = all cores, so a measurement never shares the machine with another job. A model that is ready is
+# served before the next one is made (priority), so a node cut off by a time limit returns cells, not GGUFs.
 
 
 rule serve_load:
@@ -15,6 +16,7 @@ rule serve_load:
         spec=serve_spec,
         toolchain=toolchain_arg,
     threads: workflow.cores
+    priority: 5
     resources:
         **GPU_RESOURCES,
     log:

@@ -48,6 +48,11 @@ def historical_uncorrected(facts: dict[str, Any]) -> dict[str, int]:
             if not _uncorrected(g, "volatile") and (n := _uncorrected(g, "aggregate"))}
 
 
+def single_gpu_check_needed(record: dict[str, Any]) -> bool:
+    """Whether the doctor's record calls for the single-card benchmark: some GPU has ECC history."""
+    return bool(record.get("ecc_history"))
+
+
 def growth(before: dict[str, Any], after: dict[str, Any]) -> list[str]:
     """Every uncorrectable counter that grew between two probes, matched by GPU UUID; a vanished GPU counts too."""
     now = {g["uuid"]: g for g in after.get("gpus", [])}

@@ -20,7 +20,7 @@ from typing import Any
 from bakeoff.engines.base import THREAD_CAPS
 from bakeoff.engines.toolchain import toolchain_bin
 from bakeoff.hardware.doctor import DoctorError
-from bakeoff.hardware.ecc import BENCH_GEN, SLOWER_THAN_TWIN, flagged, judge, plan_single_gpu_bench
+from bakeoff.hardware.ecc import BENCH_GEN, SLOWER_THAN_TWIN, flagged, judge, plan_single_gpu_bench, single_gpu_check_needed
 from bakeoff.hardware.gpu import MULTICAST_OFF
 from bakeoff.layout import GGUF_NAME
 from bakeoff.models.artifacts import atomic_write_text
@@ -35,13 +35,19 @@ def _tg(stdout: str) -> float | None:
     return tests.get(f"tg{BENCH_GEN}", {}).get("tok_s")
 
 
-def run(*, record: Path, model_dir: Path, toolchain_dir: Path, out: Path, allow: bool = False) -> dict[str, Any]:
+def run(*, record: Path, model_dir: Path | None, toolchain_dir: Path | None, out: Path,
+        allow: bool = False) -> dict[str, Any]:
+    """Benchmark each GPU alone when the record shows ECC history; the DAG gives the GGUF and tools only then."""
     facts = json.loads(Path(record).read_text())
-    history = facts.get("ecc_history") or {}
-    if not history:
+    if not single_gpu_check_needed(facts):
         rep: dict[str, Any] = {"needed": False, "reason": "no GPU has historical uncorrectable ECC errors"}
         atomic_write_text(out, json.dumps(rep, indent=2) + "\n")
         return rep
+    history = facts["ecc_history"]
+    if model_dir is None or toolchain_dir is None:
+        raise DoctorError(f"{record} shows ECC history on {sorted(history)}: the single-card check needs a GGUF "
+                          "(--input) and the llama.cpp tools (--toolchain), and was given "
+                          f"{'neither' if model_dir is None and toolchain_dir is None else 'only one'}")
     plan = plan_single_gpu_bench(facts, str(toolchain_bin(toolchain_dir, "llama-bench")), str(model_dir / GGUF_NAME))
     results = []
     for p in plan:
