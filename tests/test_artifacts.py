@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import json
+import os
+import time
 from pathlib import Path
 
 import pytest
 
 from bakeoff.errors import ManifestError
 from bakeoff.hardware.cpuflags import ggml_cmake_flags, read_cpu_flags
+from bakeoff.models import manifest
 from bakeoff.models.artifacts import staged_dir
 from bakeoff.models.manifest import read_manifest, verify, write_manifest
 
@@ -45,6 +49,32 @@ def test_missing_and_truncated_files_are_named(tmp_path: Path) -> None:
     (root / "sub" / "b.txt").unlink()
     (root / "a.bin").write_bytes(b"\x00" * 1000)
     with pytest.raises(ManifestError, match=r"b\.txt: listed in .* but missing"):
+        verify(root)
+
+
+def test_a_large_file_is_hashed_once_per_machine_until_it_changes(tmp_path: Path, monkeypatch) -> None:
+    """The digest memo: a stage's verify takes a large file's sha256 from the memo while its inode, size,
+    mtime and ctime are unchanged; a same-size rewrite with the mtime set back is still read again (its
+    ctime moved); ``bakeoff verify`` (memo=False) reads every byte. a.bin is "large" here (threshold 1000)."""
+    monkeypatch.setenv("BAKEOFF_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr(manifest, "MEMO_MIN_BYTES", 1000)
+    root = _make(tmp_path / "art")
+    slots = list((tmp_path / "cache" / "sha256").glob("*.json"))
+    assert len(slots) == 1 and json.loads(slots[0].read_text())["path"] == str((root / "a.bin").resolve())
+
+    rec = json.loads(slots[0].read_text())  # the memo is what verify consults: a wrong digest in it shows
+    slots[0].write_text(json.dumps({**rec, "sha256": "0" * 64}))
+    with pytest.raises(ManifestError, match=r"a.bin: sha256 0{64} != recorded"):
+        verify(root)
+    assert verify(root, memo=False)["total_bytes"] == 1005
+    slots[0].write_text(json.dumps(rec))
+    verify(root)
+
+    time.sleep(0.05)  # past the kernel's timestamp tick
+    st = (root / "a.bin").stat()
+    (root / "a.bin").write_bytes(b"\x01" * 1000)  # same size
+    os.utime(root / "a.bin", ns=(st.st_atime_ns, st.st_mtime_ns))  # mtime set back; ctime cannot be
+    with pytest.raises(ManifestError, match="a.bin: sha256 .* != recorded"):
         verify(root)
 
 

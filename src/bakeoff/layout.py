@@ -29,12 +29,14 @@ else builds an artifact path by hand or reads one by its depth.
   results/metrics.json                  DVC metrics, from the summary
   results/mlflow/runs.json              the MLflow parent run and its cell runs of this invocation
   .snakemake/bakeoff-specs/{digest}.json   a job's config slice (``--spec @file``), named by its content
+  $BAKEOFF_CACHE_DIR (~/.cache/bakeoff)    outside the clone: finished builds; files' sha256 by inode (manifest)
 
 Each artifact directory is complete exactly when its manifest.json exists.
 """
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Mapping
 from pathlib import Path
@@ -158,3 +160,12 @@ def spec_path(text: str) -> str:
     import hashlib
 
     return SPEC.format(digest=hashlib.sha256(text.encode()).hexdigest()[:20])
+
+
+def cache_root() -> Path | None:
+    """The per-machine cache outside the clone, or None when switched off (``BAKEOFF_CACHE_DIR=off``)."""
+    explicit = os.environ.get("BAKEOFF_CACHE_DIR")
+    if explicit:
+        return None if explicit == "off" else Path(explicit)
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "bakeoff"

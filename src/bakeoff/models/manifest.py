@@ -2,23 +2,32 @@
 
 Each model format and toolchain build ends with ``manifest.json`` listing every
 file with its size and sha256, the tool (and version) that made it, and where
-its input came from. ``verify`` re-hashes the files so a corrupted or swapped
+its input came from. ``verify`` checks the files so a corrupted or swapped
 file is caught before a benchmark silently measures the wrong thing.
+
+Hashing a 7B model's weights takes seconds to tens of seconds, and every stage
+that reads them verifies them. So a large file's digest is kept per machine,
+by inode, with its size, mtime and ctime (``$BAKEOFF_CACHE_DIR/sha256``): any
+rewrite or replacement changes the ctime, which cannot be set back, and the
+file is read again. ``bakeoff verify`` always reads every byte.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import os
 import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from bakeoff.errors import ManifestError
+from bakeoff.layout import cache_root
 
 MANIFEST = "manifest.json"
 _CHUNK = 1 << 20
+MEMO_MIN_BYTES = 64 << 20  # smaller files are re-read: cheap, and the memo stays a handful of entries
 
 
 def sha256_file(path: Path) -> str:
@@ -28,6 +37,41 @@ def sha256_file(path: Path) -> str:
         while chunk := f.read(_CHUNK):
             h.update(chunk)
     return h.hexdigest()
+
+
+def _stamp(st: os.stat_result) -> list[int]:
+    return [st.st_size, st.st_mtime_ns, st.st_ctime_ns]
+
+
+def _memo_slot(st: os.stat_result) -> Path | None:
+    root = cache_root()
+    if root is None or st.st_size < MEMO_MIN_BYTES:
+        return None
+    return root / "sha256" / f"{st.st_dev}-{st.st_ino}.json"
+
+
+def file_sha256(path: Path, *, memo: bool = True) -> str:
+    """sha256 of a file; with ``memo``, the digest last computed on this machine if the file's inode, size,
+    mtime and ctime are unchanged since."""
+    st = path.stat()
+    slot = _memo_slot(st) if memo else None
+    if slot is not None:
+        try:
+            rec = json.loads(slot.read_text())
+            if rec["stamp"] == _stamp(st):
+                return rec["sha256"]
+        except (OSError, ValueError, KeyError, TypeError):
+            pass
+    digest = sha256_file(path)
+    if slot is not None and _stamp(path.stat()) == _stamp(st):  # not changed while it was read
+        try:
+            slot.parent.mkdir(parents=True, exist_ok=True)
+            tmp = slot.with_name(f"{slot.name}.{os.getpid()}.tmp")
+            tmp.write_text(json.dumps({"stamp": _stamp(st), "sha256": digest, "path": str(path.resolve())}))
+            os.replace(tmp, slot)
+        except OSError:
+            pass  # an unwritable cache only costs the next read
+    return digest
 
 
 def describe_files(root: Path, only: list[str] | None = None) -> list[dict[str, Any]]:
@@ -40,7 +84,7 @@ def describe_files(root: Path, only: list[str] | None = None) -> list[dict[str, 
     candidates = [root / o for o in only] if only is not None else sorted(root.rglob("*"))
     for p in candidates:
         if p.is_file() and p.name != MANIFEST:
-            out.append({"path": p.relative_to(root).as_posix(), "bytes": p.stat().st_size, "sha256": sha256_file(p)})
+            out.append({"path": p.relative_to(root).as_posix(), "bytes": p.stat().st_size, "sha256": file_sha256(p)})
     return out
 
 
@@ -70,8 +114,11 @@ def read_manifest(path: Path) -> dict[str, Any]:
         raise ManifestError(f"manifest {path} is not valid JSON: {e}") from e
 
 
-def verify(path: Path) -> dict[str, Any]:
-    """Check every recorded file's size and sha256; raise naming the first mismatch."""
+def verify(path: Path, *, memo: bool = True) -> dict[str, Any]:
+    """Check every recorded file's size and sha256; raise naming the first mismatch.
+
+    ``memo=False`` reads every byte even of files whose digest this machine already holds (``bakeoff verify``).
+    """
     path = Path(path)
     root = path if path.is_dir() else path.parent
     manifest = read_manifest(path)
@@ -82,7 +129,7 @@ def verify(path: Path) -> dict[str, Any]:
         size = f.stat().st_size
         if size != entry["bytes"]:
             raise ManifestError(f"{f}: size {size} != recorded {entry['bytes']} bytes")
-        digest = sha256_file(f)
+        digest = file_sha256(f, memo=memo)
         if digest != entry["sha256"]:
             raise ManifestError(f"{f}: sha256 {digest} != recorded {entry['sha256']} (file corrupted or replaced)")
     return manifest

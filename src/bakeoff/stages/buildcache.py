@@ -24,18 +24,10 @@ from pathlib import Path
 from typing import Any
 
 from bakeoff.errors import ManifestError
+from bakeoff.layout import cache_root
 from bakeoff.models.manifest import MANIFEST, read_manifest, verify
 
 KEY_FIELD = "cache_key"
-
-
-def cache_root() -> Path | None:
-    """Where entries live, or None when caching is switched off."""
-    explicit = os.environ.get("BAKEOFF_CACHE_DIR")
-    if explicit:
-        return None if explicit == "off" else Path(explicit)
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "bakeoff"
 
 
 def tool_identity(*commands: list[str]) -> list[str]:
