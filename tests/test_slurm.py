@@ -10,10 +10,10 @@ PROFILE = "workflow/profiles/slurm"
 
 
 def _jobs(out: str) -> dict[str, list[str]]:
-    """rule name -> the 'resources:' lines of its planned jobs."""
+    """rule name -> the resources of each of its planned jobs."""
     jobs: dict[str, list[str]] = {}
     for rule, fields in planned_jobs(out):
-        jobs.setdefault(rule, []).append(f"resources: {fields.get('resources', '')}")
+        jobs.setdefault(rule, []).append(fields.get("resources", ""))
     return jobs
 
 

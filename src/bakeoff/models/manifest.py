@@ -30,8 +30,7 @@ _CHUNK = 1 << 20
 MEMO_MIN_BYTES = 64 << 20  # smaller files are re-read: cheap, and the memo stays a handful of entries
 
 
-def sha256_file(path: Path) -> str:
-    """Hex sha256 of a file, read in chunks (weights can be many GB)."""
+def _read_sha256(path: Path) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as f:
         while chunk := f.read(_CHUNK):
@@ -50,9 +49,9 @@ def _memo_slot(st: os.stat_result) -> Path | None:
     return root / "sha256" / f"{st.st_dev}-{st.st_ino}.json"
 
 
-def file_sha256(path: Path, *, memo: bool = True) -> str:
-    """sha256 of a file; with ``memo``, the digest last computed on this machine if the file's inode, size,
-    mtime and ctime are unchanged since."""
+def sha256_file(path: Path, *, memo: bool = False) -> str:
+    """Hex sha256 of a file, read in chunks (weights can be many GB); with ``memo``, the digest last computed
+    on this machine if the file's inode, size, mtime and ctime are unchanged since."""
     st = path.stat()
     slot = _memo_slot(st) if memo else None
     if slot is not None:
@@ -62,7 +61,7 @@ def file_sha256(path: Path, *, memo: bool = True) -> str:
                 return rec["sha256"]
         except (OSError, ValueError, KeyError, TypeError):
             pass
-    digest = sha256_file(path)
+    digest = _read_sha256(path)
     if slot is not None and _stamp(path.stat()) == _stamp(st):  # not changed while it was read
         try:
             slot.parent.mkdir(parents=True, exist_ok=True)
@@ -84,7 +83,7 @@ def describe_files(root: Path, only: list[str] | None = None) -> list[dict[str, 
     candidates = [root / o for o in only] if only is not None else sorted(root.rglob("*"))
     for p in candidates:
         if p.is_file() and p.name != MANIFEST:
-            out.append({"path": p.relative_to(root).as_posix(), "bytes": p.stat().st_size, "sha256": file_sha256(p)})
+            out.append({"path": p.relative_to(root).as_posix(), "bytes": p.stat().st_size, "sha256": sha256_file(p, memo=True)})
     return out
 
 
@@ -129,7 +128,7 @@ def verify(path: Path, *, memo: bool = True) -> dict[str, Any]:
         size = f.stat().st_size
         if size != entry["bytes"]:
             raise ManifestError(f"{f}: size {size} != recorded {entry['bytes']} bytes")
-        digest = file_sha256(f, memo=memo)
+        digest = sha256_file(f, memo=memo)
         if digest != entry["sha256"]:
             raise ManifestError(f"{f}: sha256 {digest} != recorded {entry['sha256']} (file corrupted or replaced)")
     return manifest
