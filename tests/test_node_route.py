@@ -45,7 +45,9 @@ def _repo(root: Path) -> Path:
     (root / "Snakefile").write_text("# wiring\n")
     (root / ".gitignore").write_text("/build/\n")
     (root / "notes.txt").write_text("untracked, not ignored: travels\n")
-    subprocess.run(["git", "-C", str(root), "add", "Snakefile", ".gitignore"], check=True)
+    (root / "runs/h200").mkdir(parents=True)
+    (root / "runs/h200/node-results.tgz").write_bytes(b"an earlier node's record")
+    subprocess.run(["git", "-C", str(root), "add", "Snakefile", ".gitignore", "runs"], check=True)
     subprocess.run(["git", "-C", str(root), "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "x"], check=True)
     return root
 
@@ -62,6 +64,7 @@ def test_pack_bundles_checkout_trimmed_source_and_wheels(fetched: Path, tmp_path
         names = set(tar.getnames())
         tar.extractall(dest, filter="data")
     assert {"Snakefile", "notes.txt", ".gitignore", "node.json"} <= names
+    assert not any(n.startswith("runs/") for n in names)  # committed records stay home
     tree = dest / "build/llamacpp/src-0c1e57098"
     assert (tree / "llama.cpp/ggml/src/ggml-cuda/fattn.cu").exists()
     assert not (tree / "llama.cpp/docs").exists()  # trimmed

@@ -57,6 +57,9 @@ TRIM = ["models/*", "docs/*", "benches/*", "tests/*", "examples/*", "media/*", "
 # What comes back from the node: results the node makes, the manifests of what it built, and the logs.
 COLLECT = ["results/hardware.json", "results/hardware-after.json", "results/gpu-check.json", "results/raw/**",
            "results/kernel/**", "logs/**", "models/*/*/manifest.json", "build/llamacpp/*-cuda*/manifest.json", "node.json"]
+# Checkout files the node never reads: the committed records of earlier node runs. Carried, they would count
+# twice against the 64 MiB a call takes (once in the working tree, once in the bundle).
+NOT_PACKED = ["runs/*"]
 OLD_MTIME = 946684800  # 2000-01-01: the carried source tree predates everything the node builds from it
 
 NODE_SH = r"""#!/bin/bash
@@ -151,14 +154,15 @@ def resumed_cells(tarballs: Sequence[Path]) -> tuple[dict[str, bytes], list[dict
 
 
 def pack(*, repo: Path, source: Path, wheels: Path, out: Path, resume: Sequence[Path] = ()) -> Path:
-    """Write the bundle the node runs from: repo.tgz (checkout + trimmed source + resumed cells), whl/, node.sh."""
+    """Write the bundle the node runs from: repo.tgz (checkout less :data:`NOT_PACKED` + trimmed source + resumed
+    cells), whl/, node.sh."""
     tree = source if source.is_absolute() else repo / source  # a relative source is inside repo, not the cwd
     src_manifest = read_manifest(tree)
     rel_source = source.resolve().relative_to(repo.resolve()) if source.is_absolute() else source
     out.mkdir(parents=True, exist_ok=True)
     staging = out / ".trimmed"
     trim_source(tree, staging)
-    files = checkout_files(repo)
+    files = [n for n in checkout_files(repo) if not any(fnmatch.fnmatch(n, pat) for pat in NOT_PACKED)]
     carried, resumed = resumed_cells(resume)
     info = {"resumed_from": resumed,
             "git_sha": _git(repo, "rev-parse", "HEAD").strip(), "git_dirty": bool(_git(repo, "status", "--porcelain").strip()),
