@@ -99,8 +99,8 @@ def checkout_files(repo: Path) -> list[str]:
     return sorted(n for n in names if n and (repo / n).is_file())
 
 
-def _trimmed(rel: str) -> bool:
-    return any(fnmatch.fnmatch(rel, pat) for pat in TRIM)
+def _matches(rel: str, patterns: Sequence[str]) -> bool:
+    return any(fnmatch.fnmatch(rel, pat) for pat in patterns)
 
 
 def trim_source(src_dir: Path, dest: Path) -> dict:
@@ -112,7 +112,7 @@ def trim_source(src_dir: Path, dest: Path) -> dict:
     (dest / "llama.cpp").mkdir(parents=True)
     for p in sorted(tree.rglob("*")):
         rel = p.relative_to(tree).as_posix()
-        if p.is_file() and not p.is_symlink() and not _trimmed(rel):
+        if p.is_file() and not p.is_symlink() and not _matches(rel, TRIM):
             out = dest / "llama.cpp" / rel
             out.parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(p, out)
@@ -162,7 +162,7 @@ def pack(*, repo: Path, source: Path, wheels: Path, out: Path, resume: Sequence[
     out.mkdir(parents=True, exist_ok=True)
     staging = out / ".trimmed"
     trim_source(tree, staging)
-    files = [n for n in checkout_files(repo) if not any(fnmatch.fnmatch(n, pat) for pat in NOT_PACKED)]
+    files = [n for n in checkout_files(repo) if not _matches(n, NOT_PACKED)]
     carried, resumed = resumed_cells(resume)
     info = {"resumed_from": resumed,
             "git_sha": _git(repo, "rev-parse", "HEAD").strip(), "git_dirty": bool(_git(repo, "status", "--porcelain").strip()),
@@ -196,9 +196,6 @@ def _add_bytes(tar: tarfile.TarFile, name: str, data: bytes) -> None:
     tar.addfile(ti, io.BytesIO(data))
 
 
-def _collected(rel: str) -> bool:
-    return any(fnmatch.fnmatch(rel, pat) for pat in COLLECT)
-
 
 def collect(root: Path, out: Path) -> list[str]:
     """Tar what the node made (:data:`COLLECT`) into ``out``, keeping mtimes; returns the names."""
@@ -206,7 +203,7 @@ def collect(root: Path, out: Path) -> list[str]:
     with tarfile.open(out, "w:gz") as tar:
         for p in sorted(root.rglob("*")):
             rel = p.relative_to(root).as_posix()
-            if p.is_file() and not p.is_symlink() and _collected(rel) and not rel.startswith(".snakemake"):
+            if p.is_file() and not p.is_symlink() and _matches(rel, COLLECT) and not rel.startswith(".snakemake"):
                 tar.add(p, arcname=rel)
                 names.append(rel)
     return names
@@ -220,7 +217,7 @@ def unpack(tarball: Path, root: Path) -> list[str]:
         for m in tar.getmembers():
             if m.isdir():
                 continue
-            if not m.isfile() or m.name.startswith("/") or ".." in Path(m.name).parts or not _collected(m.name):
+            if not m.isfile() or m.name.startswith("/") or ".." in Path(m.name).parts or not _matches(m.name, COLLECT):
                 raise BakeoffError(f"{tarball}: {m.name!r} is not a node result path")
             members.append(m)
             names.append(m.name)
