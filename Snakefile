@@ -9,6 +9,7 @@ min_version("9.0")
 # lists them); the rules use its templates. Logs mirror outputs under logs/, benchmark timings under logs/bench/.
 from bakeoff.layout import (
     BASELINES,
+    BLOCK,
     CELLS,
     DVC_METRICS,
     GPU_CHECK,

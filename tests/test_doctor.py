@@ -113,7 +113,7 @@ def test_pipeline_runs_the_doctor_first_and_the_summary_shows_its_predictions(pi
     assert fp8 and all(r["predicted_status"] == "unsupported" and r["status"] == "unsupported" for r in fp8)
     ok = [r for r in rows if r["format"] == "q4_k_m"]
     assert ok and all(r["predicted_status"] == "supported" for r in ok)
-    assert {r["mem_bandwidth_source"] for r in rows} == {"measured (doctor)"}
+    assert {r["bandwidth_source"] for r in rows} == {"measured"}
     bw = [float(r["mem_bandwidth_gbs"]) for r in rows if r["mem_bandwidth_gbs"]]
     assert bw and all(abs(b - rep["cpu"]["mem_bandwidth_gbs"]) < 1e-3 * b for b in bw)
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import json
+import re
 import sys
 import textwrap
 from pathlib import Path
@@ -151,22 +152,26 @@ def _node_plan(tmp_path: Path, record: dict) -> dict[str, dict[str, str]]:
     jobs = planned_jobs(out)
     assert "doctor" not in [rule for rule, _ in jobs]  # its record is there: the checkpoint is resolved
     check = [f for rule, f in jobs if rule == "gpu_check"]
-    serve = [f for rule, f in jobs if rule == "serve_load" and "/f16/" in f["input"]]
+    # the schedule's first server: the only serving job that waits for no other (bakeoff.loadgen.blocks)
+    serve = [f for rule, f in jobs if rule in ("serve_load", "serve_block") and "results/raw/" not in f["input"]]
     assert len(check) == len(serve) == 1, jobs
-    return {"gpu_check": check[0], "serve_f16": serve[0]}
+    return {"gpu_check": check[0], "serve_first": serve[0]}
 
 
 def test_on_a_clean_card_no_server_waits_for_the_check_s_gguf(tmp_path: Path) -> None:
     """The doctor's record decides the check's inputs (a checkpoint): the lent H200's real record has no ECC
-    history, so the check needs no GGUF and no build, takes one core and runs beside the build; the f16 server
-    then waits for no quantization. The same record with one lifetime uncorrectable error on the card
+    history, so the check needs no GGUF and no build, takes one core and runs beside the build; the schedule's
+    first server then waits for no other format's quantization. The same record with one lifetime uncorrectable error on the card
     (set here) brings back the smallest GGUF, the tools and every core."""
     facts = json.loads(H200_RECORD.read_text())
     assert facts["ecc_history"] == {}
     clean = _node_plan(tmp_path / "clean", facts)
     assert clean["gpu_check"]["input"] == "results/hardware.json"
     assert clean["gpu_check"].get("threads", "1") == "1"  # a dry run prints no "threads: 1"
-    assert "q4_k_m" not in clean["serve_f16"]["input"] and "q8_0" not in clean["serve_f16"]["input"]
+    first = clean["serve_first"]
+    served = re.search(r"models/llama2-7b-synthetic/(\w+)/manifest.json", first["input"]).group(1)
+    others = {"f16", "q8_0", "q4_k_m"} - {served}
+    assert not [f for f in others if f"/{f}/manifest.json" in first["input"]], first["input"]
 
     facts["gpus"][0]["ecc"]["aggregate"]["uncorrected"] = 1
     cfg = load_config(["experiment=h200_llamacpp"])

@@ -102,7 +102,7 @@ def test_the_summary_columns_are_the_metrics_a_cell_computes() -> None:
     from bakeoff.stages.summary import COLUMNS
 
     recs = [_rec(i, ttft=0.1, e2el=0.5, out=4, itl=[0.1, 0.1, 0.2]) for i in range(3)]
-    computed = summarize(recs, 2.0, slos_ms={"ttft": 150.0})
+    computed = summarize(recs, 2.0, slos_ms={"ttft": 150.0}, concurrency=1)
     assert set(SUMMARY_METRICS) | set(SERVER_METRICS) <= set(computed)
     # in the summary, in the metrics' own order
     at = [COLUMNS.index(k) for k in (*SUMMARY_METRICS, *SERVER_METRICS)]

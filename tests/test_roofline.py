@@ -60,7 +60,7 @@ def test_pipeline_summary_has_efficiency_for_every_ok_cell(pipeline: Pipeline) -
     measured = json.loads(pipeline.hardware_path.read_text())["cpu"]["mem_bandwidth_gbs"]
     for r in ok:
         # on CPU the doctor's measured copy bandwidth replaces the configured estimate
-        assert r["mem_bandwidth_source"] == "measured (doctor)"
+        assert r["bandwidth_source"] == "measured"
         bw = float(r["mem_bandwidth_gbs"])
         assert bw == pytest.approx(measured, rel=1e-4)
         expect = 100 * (1000 / float(r["median_tpot_ms"])) / (bw * 1e9 / float(r["weight_bytes"]))

@@ -83,7 +83,6 @@ def test_failed_repeats_do_not_enter_the_spread() -> None:
     assert rows[0]["repeats_ok"] == 2 and rows[0]["output_throughput_mean"] == "101"
 
 
-def test_each_repeat_is_a_pass_over_the_matrix_on_a_fresh_server_by_default() -> None:
+def test_each_repeat_is_a_pass_over_the_matrix() -> None:
     load = LoadCfg(concurrency=[1, 4], prompt_len=[32], output_len=8, num_requests=2, repeats=2)
     assert [(c.repeat, c.concurrency) for c in cells_of(load)] == [(0, 1), (0, 4), (1, 1), (1, 4)]
-    assert load.restart_between_repeats

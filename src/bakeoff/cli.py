@@ -307,9 +307,10 @@ def _cmd_stage(a: argparse.Namespace) -> None:
         report = doctor(schema.HardwareCfg.model_validate(spec["hardware"]),
                         schema.DoctorCfg.model_validate(spec.get("doctor", {})), Path(a.out))
         print(_doctor_text(report), file=sys.stderr)
-    elif name == "serve-load":
+    elif name in ("serve-load", "serve-block"):
         from bakeoff.hardware.doctor import ecc_gate
-        from bakeoff.stages.serve_load import ServeJob, run
+        from bakeoff.stages import serve_block, serve_load
+        from bakeoff.stages.serve_job import ServeJob
 
         job = ServeJob.from_spec(json.loads(a.spec), fmt=a.format, model_dir=_dir(a.input),
                                  tokenizer_dir=_dir(a.tokenizer), out_dir=Path(a.out).parent,
@@ -317,7 +318,7 @@ def _cmd_stage(a: argparse.Namespace) -> None:
                                  eval_toolchain_dir=_dir(a.eval_toolchain) if a.eval_toolchain else None,
                                  show_progress=sys.stderr.isatty(), launcher_pid=a.watch_pid)
         ecc_gate(job.hardware, job.doctor)
-        run(job)
+        (serve_load if name == "serve-load" else serve_block).run(job, out=Path(a.out))
     elif name == "kernel-bench":
         from bakeoff.stages.kernel_bench import run as kernel_bench
 
@@ -339,7 +340,7 @@ def _cmd_stage(a: argparse.Namespace) -> None:
 
 
 STAGES = ["doctor", "fetch-llamacpp", "build-llamacpp", "build-llamacpp-python", "fetch-model", "model-fp16", "quantize-fp8",
-          "dequant-fp8", "convert-gguf", "quantize-gguf", "serve-load", "kernel-bench", "gpu-check", "ecc-recheck"]
+          "dequant-fp8", "convert-gguf", "quantize-gguf", "serve-load", "serve-block", "kernel-bench", "gpu-check", "ecc-recheck"]
 
 
 def build_parser() -> argparse.ArgumentParser:

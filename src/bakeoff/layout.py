@@ -16,7 +16,8 @@ else builds an artifact path by hand or reads one by its depth.
   results/raw/{experiment}/{model}/{engine}-{format}/
       c{conc}-p{prompt}[-r{repeat}].jsonl   per-request records of one load cell
       c{conc}-p{prompt}[-r{repeat}].json    that cell's metrics, status and reason
-      cells.json, server.log                the variant's index; its server's log
+      cells.json, server.log                the variant's index (every block's cells); its server's log
+      block-{block}.json                    the index of one earlier block's cells (repeats > 1; the last block writes cells.json)
       quality.json, topk.json               its quality scores (lm-eval, canary) and top-k logprobs for KL
       samples.json                          its generations of the fixed prompt set
   results/kernel/{model}/{format}-fa{fa}.json   llama-bench pp512/tg128 of one GGUF, fa = the server's on|off|auto
@@ -67,6 +68,7 @@ MODEL_SOURCE = f"models/{{model}}/source/{MANIFEST}"
 MODEL = f"models/{{model}}/{{format}}/{MANIFEST}"
 VARIANT_DIR = "results/raw/{experiment}/{model}/{engine}-{format}"
 CELLS = f"{VARIANT_DIR}/{CELLS_INDEX}"
+BLOCK = f"{VARIANT_DIR}/block-{{block}}.json"
 QUALITY = f"{VARIANT_DIR}/{QUALITY_FILE}"
 VARIANT_SAMPLES = f"{VARIANT_DIR}/{SAMPLES_FILE}"
 SUMMARY = "results/summary.csv"

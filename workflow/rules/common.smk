@@ -10,6 +10,7 @@ from bakeoff.config.compose import config_hash
 from bakeoff.engines import get_engine
 from bakeoff.errors import ConfigError
 from bakeoff.layout import spec_path, toolchain_id
+from bakeoff.loadgen.blocks import previous, schedule, slot_of
 from bakeoff.config.sweep import points_from_snakemake
 
 # One point per sweep combination (--config sweep="a=1,2"); one point without a sweep.
@@ -25,6 +26,19 @@ POINT_HASHES = " ".join(f"{n}:{p.hash}" for n, p in POINTS.items())
 TC = CFG.toolchain
 TOOLCHAIN_ID = toolchain_id(TC.commit, CFG.hardware) if TC else None
 MODEL_NAME = CFG.model.name
+
+
+def variant_repeats(cfg, engine, fmt):
+    """Blocks a variant runs in: its load's repeats (an engine entry may set its own load)."""
+    return cfg.load.for_variant(cfg.engines[engine].load, fmt)[0].repeats
+
+
+# Each sweep point's server starts, in order: every variant once per block, shuffled by load.block_seed
+# (bakeoff.loadgen.blocks). Each serving job waits for the one before it, so the order is the schedule's.
+SCHEDULES = {
+    name: schedule(p.cfg.variants(), [variant_repeats(p.cfg, e, f) for e, f in p.cfg.variants()], p.cfg.load.block_seed)
+    for name, p in POINTS.items()
+}
 
 
 # GPU rules (doctor, serve_load) ask a cluster for the hardware config's GPUs as a SLURM gres; nothing
@@ -61,6 +75,7 @@ wildcard_constraints:
     engine=_alt(CFG.experiment.variants),
     commit="[0-9a-f]{7,40}",
     fa="on|off|auto",
+    block=r"\d+",
     toolchain="[0-9a-f]{7,40}-[a-z0-9]+",
 
 
@@ -161,8 +176,22 @@ def model_manifests():
     return [MODEL.format(model=MODEL_NAME, format=f) for f in CFG.needed_formats()]
 
 
+def slot_output(experiment, slot):
+    """What one server start of the schedule writes: a block's index, or cells.json for the variant's last block."""
+    last = variant_repeats(POINTS[experiment].cfg, slot.engine, slot.format) - 1
+    return (CELLS if slot.block == last else BLOCK).format(experiment=experiment, model=MODEL_NAME,
+                                                           engine=slot.engine, format=slot.format, block=slot.block)
+
+
+def wildcard_slot(wildcards):
+    """The schedule slot of a serve_block job (its block) or a serve_load job (the variant's last block)."""
+    exp, e, f = wildcards.experiment, wildcards.engine, wildcards.format
+    block = int(wildcards.block) if "block" in wildcards.keys() else variant_repeats(POINTS[exp].cfg, e, f) - 1
+    return slot_of(SCHEDULES[exp], e, f, block)
+
+
 def serve_inputs(wildcards):
-    """A variant's server needs its format, the fp16 tokenizer, and (llama.cpp) the toolchain."""
+    """A variant's server needs its format, the fp16 tokenizer, (llama.cpp) the toolchain, and its turn."""
     inputs = {
         "hardware": HARDWARE,  # the doctor runs first
         "model": MODEL.format(model=wildcards.model, format=wildcards.format),
@@ -170,6 +199,9 @@ def serve_inputs(wildcards):
         "tokenizer": (MODEL_SOURCE.format(model=wildcards.model) if CFG.model.source == "synthetic"
                       else MODEL.format(model=wildcards.model, format="fp16")),
     }
+    prev = previous(SCHEDULES[wildcards.experiment], wildcard_slot(wildcards))
+    if prev is not None:  # order only: ancient() so a re-made predecessor does not re-run this job
+        inputs["after"] = ancient(slot_output(wildcards.experiment, prev))
     if gpu_check_format() is not None:  # a card with ECC history is benchmarked alone before any server
         inputs["gpu_check"] = ancient(GPU_CHECK)
     engine = CFG.engines[wildcards.engine]
@@ -208,6 +240,8 @@ def serve_spec(wildcards):
         "model": cfg.model.name,
         "model_source": cfg.model.source,
         "eval": cfg.eval.model_dump(mode="json"),
+        "block": wildcard_slot(wildcards).block,
+        "order": wildcard_slot(wildcards).order,
     }, sort_keys=True))
 
 
@@ -216,6 +250,11 @@ def toolchain_arg(wildcards, input):
     if "eval_toolchain" in input.keys():
         args += f" --eval-toolchain {input.eval_toolchain}"
     return args
+
+
+def block_indexes():
+    """Every earlier block's index: the summary reads only cells.json, but the node must make them all."""
+    return [slot_output(name, s) for name in POINTS for s in SCHEDULES[name]]
 
 
 def cell_indexes():
@@ -279,4 +318,4 @@ def node_outputs():
     Everything downstream of these (summary, samples, plots, pages, MLflow) is bookkeeping for the submit
     host, which reads them as they come back (bakeoff.stages.node).
     """
-    return [HARDWARE, *cell_indexes(), *kernel_files(), *ecc_after()]
+    return [HARDWARE, *block_indexes(), *kernel_files(), *ecc_after()]

@@ -184,16 +184,22 @@ class LoadCfg(_Strict):
     num_requests: PositiveInt
     requests_per_concurrency: NonNegativeInt = 0  # per cell: max(num_requests, this * concurrency)
     warmup_requests: NonNegativeInt = 0
+    # Warm-up per slot: a cell sends max(warmup_requests, warmup_per_slot * concurrency) uncounted requests at
+    # its own concurrency, so every slot the measured requests use has served one (0: warmup_requests alone).
+    warmup_per_slot: NonNegativeInt = 1
     repeats: PositiveInt = 1
-    # Each repeat after the first runs on a fresh server start, so the spread across repeats (the noise
-    # floor of every comparison, bakeoff.results.spread) includes restart drift.
-    restart_between_repeats: bool = True
+    # Blocks: each repeat is a block in which every variant of the experiment runs once, on its own server,
+    # in an order shuffled by this seed (recorded in each row as `block` and `order`).
+    block_seed: NonNegativeInt = 0
     request_rate: PositiveFloat | None = None
     temperature: float = Field(default=0.0, ge=0.0)
     slo_ms: SloCfg = SloCfg()
     # Fewer requests a cell for slow formats when time is short (e.g. f16 on a timed GPU lease).
     # Recorded in every affected row's `load_note`, never silent.
     num_requests_by_format: dict[str, PositiveInt] = {}
+    # Requests a cell at one concurrency, over num_requests (e.g. {1: 30} when c=1 cells are slow and time
+    # is short). Recorded in each affected row's `load_note`.
+    num_requests_by_concurrency: dict[PositiveInt, PositiveInt] = {}
 
     def for_variant(self, engine_load: dict[str, Any], fmt: str) -> tuple[LoadCfg, str]:
         """This load as one variant runs it, and a note when it runs fewer requests than configured."""

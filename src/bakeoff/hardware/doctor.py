@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from bakeoff.errors import BakeoffError
+from bakeoff.hardware import gpubandwidth
 from bakeoff.hardware.cpuflags import cpu_model_name, read_cpu_flags
 from bakeoff.hardware.ecc import growth, historical_uncorrected, volatile_uncorrected
 from bakeoff.models.artifacts import atomic_write_text
@@ -132,7 +133,7 @@ def _ecc(pynvml: Any, h: Any) -> dict[str, Any]:
     return out
 
 
-def probe_gpus() -> dict[str, Any]:
+def probe_gpus(measure_bandwidth: bool = True) -> dict[str, Any]:
     """Every GPU NVML sees; ``{"nvml": "unavailable: ...", "gpus": []}`` on a machine without a driver."""
     try:
         import pynvml
@@ -171,6 +172,7 @@ def probe_gpus() -> dict[str, Any]:
                          "max_gen": _nvml_call(pynvml.nvmlDeviceGetMaxPcieLinkGeneration, h),
                          "max_width": _nvml_call(pynvml.nvmlDeviceGetMaxPcieLinkWidth, h)},
                 "nvlink": links,
+                **(gpubandwidth.probe(i) if measure_bandwidth else {}),
             })
         facts["pcie_topology"] = [[0 if a == b else _nvml_call(pynvml.nvmlDeviceGetTopologyCommonAncestor, ha, hb)
                                    for b, hb in enumerate(handles)] for a, ha in enumerate(handles)]

@@ -34,6 +34,10 @@ COUNTER_MODULUS = 2**64  # nvmlDeviceGetTotalEnergyConsumption returns an unsign
 FALLBACK_POWER_LIMIT_W = 2000.0  # plausibility bound when NVML cannot tell a board's power limit
 COLUMNS = ["peak_gpu_bytes", "gpu_util_pct", "avg_power_w", "energy_j", "energy_source", "joules_per_output_token",
            "gpu_uuids", "telemetry_window_s"]
+# The node's state when the cell starts (its fingerprint beside the GPU UUIDs), and its clocks over the window:
+# what to look at when one block's cell is an outlier.
+FINGERPRINT_COLUMNS = ["gpu_driver", "gpu_power_limit_w", "gpu_sm_clock_start_mhz", "gpu_mem_clock_start_mhz",
+                       "gpu_temp_start_c", "gpu_sm_clock_mean_mhz", "gpu_sm_clock_min_mhz"]
 
 
 class TelemetryError(BakeoffError):
@@ -155,6 +159,8 @@ class GpuWindow:
     t0: float = 0.0
     t1: float = 0.0
     after: list[int | None] = field(default_factory=list)
+    fingerprint: dict[str, Any] = field(default_factory=dict)
+    sm_clocks: list[float] = field(default_factory=list)
     _last: tuple[float, float] | None = None
     _stop: threading.Event = field(default_factory=threading.Event)
     _thread: threading.Thread | None = None
@@ -170,6 +176,7 @@ class GpuWindow:
             except Exception:
                 limit = FALLBACK_POWER_LIMIT_W
             self.devices.append(_Device(uuid, h, limit))
+        self.fingerprint = self._fingerprint()
         self._sample()  # a first reading, so even a short window has one
         for d in self.devices:
             d.energy_before_mj = self._energy(d)
@@ -177,6 +184,30 @@ class GpuWindow:
         self._thread = threading.Thread(target=self._loop, daemon=True, name="gpu-telemetry")
         self._thread.start()
         return self
+
+    def _read(self, fn: str, *args: Any) -> Any:
+        """One optional NVML reading: None where this NVML or GPU does not answer it."""
+        try:
+            v = getattr(self.nvml, fn)(*args)
+        except Exception:
+            return None
+        return v.decode() if isinstance(v, bytes) else v
+
+    def _per_device(self, fn: str, *args: Any) -> list[Any] | None:
+        vals = [self._read(fn, d.handle, *args) for d in self.devices]
+        return None if any(v is None for v in vals) else vals
+
+    def _fingerprint(self) -> dict[str, Any]:
+        """Driver, power limit, clocks and temperature at the cell's start (the first GPU's, or the list's max/min)."""
+        nv = self.nvml
+        sm = self._per_device("nvmlDeviceGetClockInfo", getattr(nv, "NVML_CLOCK_SM", 1))
+        mem = self._per_device("nvmlDeviceGetClockInfo", getattr(nv, "NVML_CLOCK_MEM", 2))
+        temp = self._per_device("nvmlDeviceGetTemperature", getattr(nv, "NVML_TEMPERATURE_GPU", 0))
+        return {"gpu_driver": self._read("nvmlSystemGetDriverVersion"),
+                "gpu_power_limit_w": min(d.power_limit_w for d in self.devices) if self.devices else None,
+                "gpu_sm_clock_start_mhz": min(sm) if sm else None,
+                "gpu_mem_clock_start_mhz": min(mem) if mem else None,
+                "gpu_temp_start_c": max(temp) if temp else None}
 
     def _energy(self, d: _Device) -> int | None:
         try:
@@ -195,6 +226,9 @@ class GpuWindow:
             self.power_integral_j += 0.5 * (p_prev + power_w) * (now - t_prev)
         self._last = (now, power_w)
         self.peak_bytes = max(self.peak_bytes, int(used))
+        sm = self._per_device("nvmlDeviceGetClockInfo", getattr(nv, "NVML_CLOCK_SM", 1))
+        if sm:
+            self.sm_clocks.append(float(min(sm)))
         self.util_sum += sum(util) / len(util) if util else 0.0
         self.samples += 1
 
@@ -237,4 +271,7 @@ class GpuWindow:
             "joules_per_output_token": energy / output_tokens if output_tokens else None,
             "gpu_uuids": [d.uuid for d in self.devices],
             "telemetry_window_s": window,
+            **self.fingerprint,
+            "gpu_sm_clock_mean_mhz": sum(self.sm_clocks) / len(self.sm_clocks) if self.sm_clocks else None,
+            "gpu_sm_clock_min_mhz": min(self.sm_clocks) if self.sm_clocks else None,
         }

@@ -35,29 +35,51 @@ def cells_of(load: LoadCfg) -> list[Cell]:
 
 
 def requests_for(load: LoadCfg, concurrency: int) -> int:
+    """Measured requests of a cell: the per-concurrency override, else max(num_requests, per-slot x c)."""
+    if concurrency in load.num_requests_by_concurrency:
+        return load.num_requests_by_concurrency[concurrency]
     return max(load.num_requests, load.requests_per_concurrency * concurrency)
+
+
+def warmup_for(load: LoadCfg, concurrency: int) -> int:
+    """Uncounted warm-up requests of a cell, sent at its concurrency: enough to touch every slot it uses."""
+    return max(load.warmup_requests, load.warmup_per_slot * concurrency)
+
+
+def cell_note(load: LoadCfg, concurrency: int) -> str:
+    """What a cell's load did beyond the configured defaults, for its ``load_note``: warm-up, request count."""
+    n, w = requests_for(load, concurrency), warmup_for(load, concurrency)
+    parts = [f"warm-up: {w} requests at concurrency {concurrency}, uncounted"]
+    if concurrency in load.num_requests_by_concurrency:
+        parts.append(f"{n} requests at c={concurrency} (load.num_requests_by_concurrency)")
+    waves, tail = divmod(n, concurrency)
+    if concurrency > 1 and tail and load.request_rate is None:
+        parts.append(f"{n} requests = {waves} waves of {concurrency} + a tail of {tail}")
+    return "; ".join(parts)
 
 
 def cell_spec_hash(base: dict, load: LoadCfg) -> str:
     """The settings a cell was made with: it is reused only when these are unchanged.
 
     The sweep axes (which concurrencies and prompt lengths run) are left out: a cell is named by its own
-    concurrency and prompt length, so narrowing or widening the sweep keeps the cells already made. So is
-    the per-format request map, which ``load`` already applied to ``num_requests`` for this variant. With
-    one repeat the restart knob changes nothing, so it is left out too.
+    concurrency and prompt length, so narrowing or widening the sweep keeps the cells already made. So are
+    the per-format and per-concurrency request maps (a cell's own request count is in its record and
+    checked by :func:`reusable`) and the block seed, which orders the servers, not what a cell sends.
     """
-    exclude = {"concurrency", "prompt_len", "num_requests_by_format"}
-    exclude |= {"restart_between_repeats"} if load.repeats == 1 else set()
+    exclude = {"concurrency", "prompt_len", "num_requests_by_format", "num_requests_by_concurrency", "block_seed"}
     load_spec = load.model_dump(mode="json", exclude=exclude)
     return hashlib.sha256(json.dumps([base, load_spec], sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
-def reusable(out_dir: Path, cell: Cell, spec_hash: str) -> bool:
-    """The cell's summary exists, is a result (``ok`` or ``unsupported``) and was made with these settings."""
+def reusable(out_dir: Path, cell: Cell, spec_hash: str, requests: int | None = None) -> bool:
+    """The cell's summary exists, is a result (``ok`` or ``unsupported``), was made with these settings and,
+    where ``requests`` is given, with that many requests."""
     p = out_dir / f"{cell.name}.json"
     if not p.exists():
         return False
     prev = json.loads(p.read_text())
+    if requests is not None and prev.get("status") == "ok" and prev.get("requests") != requests:
+        return False
     return prev.get("status") in ("ok", "unsupported") and prev.get("spec_hash") == spec_hash
 
 

@@ -29,6 +29,23 @@ comparable with that tool and across engines:
   TPOT it shows how much of a token's time the serving path adds.
 * **Failed requests** -- counted with their error strings and excluded from
   every latency statistic and from throughput.
+
+Beside vLLM's definitions, bakeoff's own steady-state view of a closed loop at
+concurrency ``c`` with ``N`` measured requests (:func:`steady_state`):
+
+* **Steady span** -- from the moment ``c`` requests are first in flight (the
+  ``c``-th dispatch) to the moment fewer than ``c`` requests remain unfinished
+  (the ``(N - c + 1)``-th completion): while it lasts every slot holds a
+  request, since a closed loop refills a slot as soon as it frees.
+* **steady_output_throughput** -- output tokens streamed inside the steady
+  span, over its length. A request's tokens are placed at its chunks' arrival
+  times (first chunk at TTFT, then the ITL gaps), a chunk of several tokens
+  counting ``output_tokens / chunks`` each.
+* **ramp_s** -- first dispatch to the span's start; **tail_s** -- the span's
+  end to the last completion, when fewer than ``c`` requests run;
+  **tail_share** -- ``tail_s / duration``.
+
+Fewer than ``c`` successful requests have no steady span (``None``).
 """
 
 from __future__ import annotations
@@ -45,6 +62,7 @@ THROUGHPUT_METRICS = ("output_throughput", "request_throughput", "total_token_th
 SERVER_TPOT, SERVER_PROMPT = "server_median_tpot_ms", "server_median_prompt_ms"
 SERVER_METRICS = (SERVER_TPOT, SERVER_PROMPT)
 GOODPUT = "request_goodput"
+STEADY_METRICS = ("steady_output_throughput", "ramp_s", "tail_s", "tail_share")
 
 
 def stat_key(stat: str, metric: str) -> str:
@@ -55,7 +73,7 @@ def stat_key(stat: str, metric: str) -> str:
 # What a summary row carries of each cell's metrics, in the summary's column order: throughput, the median
 # and p99 of every latency, the two means vLLM prints first, goodput. The summary's columns start from this.
 SUMMARY_METRICS = (*THROUGHPUT_METRICS, *(stat_key(s, m) for m in STAT_METRICS for s in ("median", "p99")),
-                   stat_key("mean", "ttft"), stat_key("mean", "tpot"), GOODPUT)
+                   stat_key("mean", "ttft"), stat_key("mean", "tpot"), GOODPUT, *STEADY_METRICS)
 
 
 @dataclass
@@ -102,8 +120,32 @@ def _stats(name: str, values_s: list[float]) -> dict[str, float]:
     return {stat_key(k, name): float(f(arr)) if arr.size else float("nan") for k, f in stats.items()}
 
 
-def summarize(records: list[RequestRecord], duration_s: float, slos_ms: dict[str, float] | None = None) -> dict[str, Any]:
-    """Flat metric dict for one cell (keys as in ``vllm bench serve``)."""
+def steady_state(records: list[RequestRecord], concurrency: int) -> dict[str, float | None]:
+    """The steady span of one cell and its output throughput (definitions in the module docstring)."""
+    ok = sorted((r for r in records if r.success), key=lambda r: r.start)
+    none: dict[str, float | None] = dict.fromkeys(STEADY_METRICS)
+    if concurrency < 1 or len(ok) < concurrency:
+        return none
+    first = ok[0].start
+    span_start = ok[concurrency - 1].start
+    ends = sorted(r.start + r.e2el for r in ok)
+    span_end = ends[len(ok) - concurrency]  # the (N - c + 1)-th completion
+    last = ends[-1]
+    tokens = 0.0
+    for r in ok:
+        t = r.start + r.ttft + np.concatenate(([0.0], np.cumsum(r.itl)))
+        per_chunk = r.output_tokens / len(t)
+        tokens += per_chunk * int(np.count_nonzero((t >= span_start) & (t <= span_end)))
+    span = span_end - span_start
+    duration = last - first
+    return {"steady_output_throughput": tokens / span if span > 0 else None,
+            "ramp_s": span_start - first, "tail_s": last - span_end,
+            "tail_share": (last - span_end) / duration if duration > 0 else None}
+
+
+def summarize(records: list[RequestRecord], duration_s: float, slos_ms: dict[str, float] | None = None,
+              concurrency: int | None = None) -> dict[str, Any]:
+    """Flat metric dict for one cell (keys as in ``vllm bench serve``; the steady span where ``concurrency`` is given)."""
     ok = [r for r in records if r.success]
     failed = [r for r in records if not r.success]
     out_tokens = sum(r.output_tokens for r in ok)
@@ -141,4 +183,6 @@ def summarize(records: list[RequestRecord], duration_s: float, slos_ms: dict[str
             if all(values[k] * 1000.0 <= v for k, v in slos_ms.items()):
                 good += 1
         res[GOODPUT] = good / duration_s if duration_s > 0 else float("nan")
+    if concurrency is not None:
+        res.update(steady_state(records, concurrency))
     return res

@@ -63,8 +63,10 @@ def _list(title: str, lines: list[str]) -> str:
 def differences_html(rows: list[dict[str, str]]) -> str:
     """Each variant against its engine's 16-bit variant (and the engines' 16-bit variants against each other).
 
-    Significant means beyond the spread of the repeats (Welch's t-test, p < 0.05; bakeoff.results.spread);
-    with one repeat a side there is no verdict, and the page says how many comparisons that leaves out.
+    Significant means beyond the spread of the repeats (paired by block where both ran the same blocks on
+    one node, else Welch's t-test; p < 0.05; bakeoff.results.spread); with one repeat a side there is no
+    verdict, and the page says how many comparisons that leaves out. Only rows of one node are compared;
+    how far the same cell moved between nodes is listed apart.
     """
     found = spread.comparisons(rows)
     sig = [c.line() for c in found if c.diff.significant]
@@ -72,8 +74,12 @@ def differences_html(rows: list[dict[str, str]]) -> str:
     no_verdict = sum(c.diff.significant is None for c in found)
     note = (f"<p>{no_verdict} comparisons have fewer than 2 ok repeats a side and no verdict "
             f"(set load.repeats &ge; 2).</p>" if no_verdict else "")
-    return (f"<h3>Differences beyond the noise floor (Welch's t-test on the repeats, p &lt; {spread.ALPHA})</h3>"
-            f"{_list('Significant', sig)}{_list('Not significant', not_sig)}{note}")
+    nodes = [f"{n.cell} {n.variant}: {n.metric} " + ", ".join(f"{k}: {v:.1f}" for k, v in n.node_means.items())
+             + f" (range {n.range_pct:.1f}% of the median)" for n in spread.node_spread(rows)]
+    return (f"<h3>Differences beyond the noise floor (within one node; paired by block, else Welch's t-test; "
+            f"p &lt; {spread.ALPHA})</h3>"
+            f"{_list('Significant', sig)}{_list('Not significant', not_sig)}{note}"
+            f"{_list('The same cell on different nodes (never compared)', nodes)}")
 
 
 def status_disagreements_html(rows: list[dict[str, str]]) -> str:

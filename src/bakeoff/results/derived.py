@@ -22,22 +22,33 @@ from bakeoff.layout import variant_name
 
 AXIS_COLUMNS = ["sweep", "overrides"]
 # From the doctor (results/hardware.json) and the model config: what was expected, where bandwidth came from.
-DOCTOR_COLUMNS = ["predicted_status", "predicted_reason", "mem_bandwidth_source", "synthetic"]
+DOCTOR_COLUMNS = ["predicted_status", "predicted_reason", "bandwidth_source", "synthetic"]
+
+
+def measured_bandwidth_gbs(hw: Mapping[str, Any], facts: Mapping[str, Any] | None) -> float | None:
+    """The doctor's measured bandwidth for this hardware: the host copy on CPU, the slowest GPU's device copy
+    on CUDA (every GPU must have one), else None."""
+    facts = facts or {}
+    if hw.get("backend") == "cpu":
+        v = (facts.get("cpu") or {}).get("mem_bandwidth_gbs")
+        return float(v) if v else None
+    gpus = facts.get("gpus") or []
+    values = [g.get("mem_bandwidth_gbs") for g in gpus]
+    return float(min(values)) if values and all(values) else None
 
 
 def _hardware_for_roofline(hw: Mapping[str, Any], facts: Mapping[str, Any] | None) -> tuple[dict[str, Any], str]:
-    """The hardware dict the roofline uses, and where its bandwidth came from.
+    """The hardware dict the roofline uses, and where its bandwidth came from (``measured`` or ``config``).
 
-    On CPU the doctor's measured copy bandwidth replaces the configured estimate
-    (a configured 20 GB/s put some cells above 100 %); GPUs keep the config's
-    (measured device copy / datasheet) figure.
+    The doctor's measurement on the node the cells ran on replaces the configured figure wherever it has one
+    (a configured 20 GB/s put some CPU cells above 100 %; a GPU's datasheet is not the node in hand).
     """
     hw = dict(hw)
-    measured = ((facts or {}).get("cpu") or {}).get("mem_bandwidth_gbs")
-    if hw.get("backend") == "cpu" and measured:
-        hw["mem_bandwidth_gbs"] = float(measured)
-        return hw, "measured (doctor)"
-    return hw, "configured" if hw.get("mem_bandwidth_gbs") else ""
+    measured = measured_bandwidth_gbs(hw, facts)
+    if measured:
+        hw["mem_bandwidth_gbs"] = measured
+        return hw, "measured"
+    return hw, "config" if hw.get("mem_bandwidth_gbs") else ""
 
 
 def _fmt(v: Any) -> Any:
@@ -81,7 +92,7 @@ def extend(rows: list[dict[str, Any]], points: Mapping[str, Any], published_path
         r["predicted_status"] = pred.get("expected", "")
         r["predicted_reason"] = pred.get("reason", "")
         r["synthetic"] = (pt.get("config", {}).get("model", {}).get("source") == "synthetic")
-        hw, r["mem_bandwidth_source"] = _hardware_for_roofline(pt["hardware"], facts)
+        hw, r["bandwidth_source"] = _hardware_for_roofline(pt["hardware"], facts)
         r.update(roofline.row_columns(r, hw, eng.get("plugin"), settings))
     if published_path is not None:
         cols += published.compare(rows, published.load(published_path))

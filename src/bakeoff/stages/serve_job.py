@@ -35,6 +35,10 @@ class ServeJob:
     eval_toolchain_dir: Path | None = None
     synthetic: bool = False
     doctor: DoctorCfg = field(default_factory=DoctorCfg)
+    # Its place in the experiment's schedule (bakeoff.loadgen.blocks): the block (repeat) it runs, and its
+    # position in that block. None: every repeat in one job (a job built by hand, or by a test).
+    block: int | None = None
+    order: int | None = None
 
     @classmethod
     def from_spec(cls, spec: dict[str, Any], *, fmt: str, model_dir: Path, tokenizer_dir: Path, out_dir: Path,
@@ -49,4 +53,5 @@ class ServeJob:
                    slos_ms=load.slo_ms.as_dict() or None, show_progress=show_progress, launcher_pid=launcher_pid,
                    eval_cfg=EvalCfg.model_validate(spec.get("eval", {})), eval_toolchain_dir=eval_toolchain_dir,
                    synthetic=spec.get("model_source") == "synthetic",
-                   doctor=DoctorCfg.model_validate(spec.get("doctor", {})))
+                   doctor=DoctorCfg.model_validate(spec.get("doctor", {})),
+                   block=spec.get("block"), order=spec.get("order"))

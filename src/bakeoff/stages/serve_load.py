@@ -36,15 +36,27 @@ import json
 import os
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from bakeoff.config.schema import LoadCfg
 from bakeoff.engines import ServerSpec, get_engine
 from bakeoff.engines.session import Session, stop_on_signals
+from bakeoff.hardware.fingerprint import node_id
 from bakeoff.hardware.memory import PeakSampler
 from bakeoff.layout import CELLS_INDEX, SAMPLES_FILE, SERVER_LOG, variant_name
-from bakeoff.loadgen.cells import Cell, cell_spec_hash, cells_of, check_load_before_start, record_base, requests_for, reusable
+from bakeoff.loadgen.cells import (
+    Cell,
+    cell_note,
+    cell_spec_hash,
+    cells_of,
+    check_load_before_start,
+    record_base,
+    requests_for,
+    reusable,
+    warmup_for,
+)
 from bakeoff.loadgen.cellwindow import MeasuredWindow
 from bakeoff.loadgen.metrics import summarize
 from bakeoff.loadgen.prompts import make_prompts
@@ -67,16 +79,40 @@ def _write_jsonl(path: Path, rows: list[dict]) -> None:
     atomic_write_text(path, "".join(json.dumps(r) + "\n" for r in rows))
 
 
-def run(job: ServeJob) -> dict[str, Any]:
-    """Run every pending cell of one variant; returns the index written to ``cells.json``."""
+# A cell whose steady-state throughput and vLLM-defined throughput differ by more than this says so.
+STEADY_GAP = 0.05
+
+
+def run(job: ServeJob, out: Path | None = None) -> dict[str, Any]:
+    """Run every pending cell of one variant (of the job's block, its last), then its samples and quality.
+
+    Returns the index written to ``out`` (``cells.json`` beside the cells by default), over every block's
+    cells; the earlier blocks are bakeoff.stages.serve_block's jobs.
+    """
     with stop_on_signals(job.launcher_pid):
-        return _run(job)
+        return _run(job, out)
 
 
-def _run(job: ServeJob) -> dict[str, Any]:
+@dataclass
+class Prepared:
+    """What every serving job sets up before its first server start: checked load, tokenizer, session, cells."""
+
+    load: LoadCfg
+    manifest: dict[str, Any]
+    tokenizer: Any
+    spec: ServerSpec
+    session: Session
+    base: dict[str, Any]
+    cells: list[Cell]  # every cell of the variant, all blocks
+    mine: list[Cell]  # this job's block's (all of them when the job has no block)
+    pending: list[Cell]  # of ``mine``, those not already made with these settings
+
+
+def prepare(job: ServeJob) -> Prepared:
+    """Check the load and the inputs, build the cell records' common fields, and find the cells still to run."""
     from transformers import AutoTokenizer
 
-    engine_cfg, eval_cfg, out_dir, fmt = job.engine_cfg, job.eval_cfg, job.out_dir, job.fmt
+    engine_cfg, out_dir, fmt = job.engine_cfg, job.out_dir, job.fmt
     load, load_note = job.load.for_variant(engine_cfg.load, fmt)
     check_load_before_start(load, get_engine(engine_cfg.plugin).request_context(engine_cfg.settings))
     manifest = verify(job.model_dir)
@@ -87,7 +123,6 @@ def _run(job: ServeJob) -> dict[str, Any]:
     spec = ServerSpec(engine=engine_cfg, hardware=job.hardware, model_dir=job.model_dir, served_name=job.model,
                       log_path=out_dir / SERVER_LOG, toolchain_dir=job.toolchain_dir,
                       job_name=f"{job.experiment}-{job.model}-{variant}")
-    session = Session(spec, engine_cfg.plugin)
     base = {"experiment": job.experiment, "model": job.model, "engine": job.engine_name, "format": fmt,
             "hardware": job.hardware.name, "output_len": load.output_len,
             "weight_bytes": get_engine(engine_cfg.plugin).served_weight_bytes(manifest, engine_cfg.settings),
@@ -96,7 +131,22 @@ def _run(job: ServeJob) -> dict[str, Any]:
             "engine_extra_args": engine_cfg.extra_args, "load_note": load_note}
     base["spec_hash"] = cell_spec_hash(base, load)
     cells = cells_of(load)
-    pending = [c for c in cells if not reusable(out_dir, c, base["spec_hash"])]
+    mine = cells if job.block is None else [c for c in cells if c.repeat == job.block]
+    pending = [c for c in mine if not reusable(out_dir, c, base["spec_hash"], requests_for(load, c.concurrency))]
+    return Prepared(load, manifest, tokenizer, spec, Session(spec, engine_cfg.plugin), base, cells, mine, pending)
+
+
+def run_cells(job: ServeJob, p: Prepared) -> tuple[str, str]:
+    """Run ``p.pending`` on the session's server (started here; restarted for a new repeat or after it died)."""
+    return _run_pending(job, p.session, p.pending, p.base, p.load, p.tokenizer)
+
+
+def _run(job: ServeJob, out: Path | None = None) -> dict[str, Any]:
+    engine_cfg, eval_cfg, out_dir, fmt = job.engine_cfg, job.eval_cfg, job.out_dir, job.fmt
+    p = prepare(job)
+    load, manifest, tokenizer, spec, session, base = p.load, p.manifest, p.tokenizer, p.spec, p.session, p.base
+    cells, pending = p.cells, p.pending
+    variant = variant_name(job.engine_name, fmt)
     quality = QualityPlan.make(engine_cfg, eval_cfg, manifest, out_dir, job.synthetic, job.eval_toolchain_dir)
     if quality.needed:
         lmeval.check_tasks(eval_cfg.tasks)  # an unknown task fails now, not after minutes of load tests
@@ -131,7 +181,7 @@ def _run(job: ServeJob) -> dict[str, Any]:
         else:
             quality.run_on_eval_server(spec, tokenizer, job.tokenizer_dir, job.model)
     index = {"variant": base, "cells": [json.loads((out_dir / f"{c.name}.json").read_text()) for c in cells]}
-    _write_json(out_dir / CELLS_INDEX, index)
+    _write_json(out or out_dir / CELLS_INDEX, index)
     return index
 
 
@@ -153,7 +203,7 @@ def _run_pending(job: ServeJob, session: Session, pending: list[Cell], base: dic
     served_repeat: int | None = None  # the repeat this server start has served
     for i, cell in enumerate(pending):
         # A new repeat gets a fresh server, so the spread across repeats includes restart drift.
-        new_repeat = load.restart_between_repeats and served_repeat is not None and cell.repeat != served_repeat
+        new_repeat = served_repeat is not None and cell.repeat != served_repeat
         if new_repeat or not session.engine or not session.engine.alive():
             session.stop()
             served_repeat = None
@@ -166,10 +216,10 @@ def _run_pending(job: ServeJob, session: Session, pending: list[Cell], base: dic
                                  "reason": f"server restart failed: {reason}", "completed": 0, "failed": n})
                 return status, reason
         served_repeat = cell.repeat
-        n = requests_for(load, cell.concurrency)
+        n, n_warm = requests_for(load, cell.concurrency), warmup_for(load, cell.concurrency)
         seed = hash((cell.concurrency, cell.prompt_len, cell.repeat)) & 0xFFFF_FFFF
-        prompts = make_prompts(tokenizer, cell.prompt_len, n + load.warmup_requests, seed=seed, tag=f"{cell.name}-")
-        warm, measured = prompts[:load.warmup_requests], prompts[load.warmup_requests:]
+        prompts = make_prompts(tokenizer, cell.prompt_len, n + n_warm, seed=seed, tag=f"{cell.name}-")
+        warm, measured = prompts[:n_warm], prompts[n_warm:]
         engine = session.engine
         assert engine is not None
         window = MeasuredWindow(engine, gpu=job.hardware.backend == "cuda")  # GPU telemetry and server metrics, warm-up excluded
@@ -184,8 +234,14 @@ def _run_pending(job: ServeJob, session: Session, pending: list[Cell], base: dic
                            label=f"{base['engine']}-{base['format']} {cell.name}", show_progress=job.show_progress,
                            on_measure_start=window.start, on_measure_end=window.stop)
         t_end = time.time()
-        metrics = summarize(res.records, res.duration_s, job.slos_ms)
+        metrics = summarize(res.records, res.duration_s, job.slos_ms, concurrency=cell.concurrency)
         telemetry = window.columns(metrics["total_output_tokens"])
+        notes = [base["load_note"], cell_note(load, cell.concurrency)]
+        steady, vllm_def = metrics.get("steady_output_throughput"), metrics.get("output_throughput")
+        if steady and vllm_def and abs(steady / vllm_def - 1.0) > STEADY_GAP:
+            notes.append(f"steady-state output {steady:.1f} tok/s differs from output_throughput {vllm_def:.1f} by "
+                         f"{100.0 * (steady / vllm_def - 1.0):+.1f}% (ramp {metrics['ramp_s']:.2f} s, "
+                         f"tail {metrics['tail_s']:.2f} s)")
         died = not engine.alive()
         if died:
             cell_status, cell_reason = "failed", f"server died mid-cell: {engine.failure_reason()}"
@@ -199,6 +255,9 @@ def _run_pending(job: ServeJob, session: Session, pending: list[Cell], base: dic
         _write_json(out_dir / f"{cell.name}.json",
                     {**record_base(base, cell, n, versions, session.startup_s), "status": cell_status,
                      "reason": cell_reason, **metrics, **res.client, "peak_rss_bytes": mem.peak_rss,
+                     "load_note": "; ".join(x for x in notes if x), "warmup_requests": n_warm,
+                     "block": cell.repeat, "order": job.order,
+                     "node_id": node_id(telemetry.get("gpu_uuids")),
                      "memory_source": engine.memory_source(),
                      "peak_gpu_bytes": mem.peak_gpu, **telemetry, "started_utc": t_cell,
                      "ended_utc": t_end, "server_start": session.starts})

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from bakeoff.hardware.telemetry import COLUMNS as TELEMETRY_COLUMNS
+from bakeoff.hardware.telemetry import FINGERPRINT_COLUMNS
 from bakeoff.loadgen.health import COLUMNS as CLIENT_HEALTH_COLUMNS
 from bakeoff.loadgen.metrics import SERVER_METRICS, SUMMARY_METRICS
 from bakeoff.loadgen.scrape import COLUMNS as SCRAPE_COLUMNS
@@ -24,13 +25,14 @@ from bakeoff.quality.compare import QUALITY_COLUMNS, quality_columns
 
 COLUMNS = [
     "experiment", "model", "engine", "engine_version", "format", "hardware",
-    "concurrency", "prompt_len", "output_len", "repeat", "request_rate",
+    "concurrency", "prompt_len", "output_len", "repeat", "block", "order", "node_id", "request_rate",
     "requests", "completed", "failed", "status", "reason",
     *SUMMARY_METRICS,
     "peak_rss_bytes", "memory_source", "peak_gpu_bytes", "weight_bytes", "bits_per_weight", "n_params",
-    "startup_s", "server_start", "client_cpu_s_per_1k_tokens", "client_loop_lag_p99_ms", *CLIENT_HEALTH_COLUMNS,
+    "startup_s", "server_start", "warmup_requests", "client_cpu_s_per_1k_tokens", "client_loop_lag_p99_ms",
+    *CLIENT_HEALTH_COLUMNS,
     *SERVER_METRICS,
-    *[c for c in TELEMETRY_COLUMNS if c != "peak_gpu_bytes"], *SCRAPE_COLUMNS,
+    *[c for c in TELEMETRY_COLUMNS if c != "peak_gpu_bytes"], *FINGERPRINT_COLUMNS, *SCRAPE_COLUMNS,
     "engine_settings", "config_hash", "load_note",
     *QUALITY_COLUMNS,
 ]

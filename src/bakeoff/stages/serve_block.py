@@ -1,0 +1,39 @@
+"""Stage: one earlier block of a variant (``load.repeats`` > 1): its cells on a fresh server, nothing else.
+
+Why its own job: a block runs every variant once, in the schedule's order (bakeoff.loadgen.blocks), so a
+variant's repeats are separate server starts interleaved with the other variants'. The variant's last
+block is bakeoff.stages.serve_load's job, which also serves the samples and the quality score and writes
+``cells.json`` over every block. This one writes ``block-<b>.json``: the index of its own cells.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from bakeoff.engines.session import stop_on_signals
+from bakeoff.errors import BakeoffError
+from bakeoff.models.artifacts import atomic_write_text
+from bakeoff.stages.serve_job import ServeJob
+from bakeoff.stages.serve_load import prepare, run_cells
+
+
+def run(job: ServeJob, out: Path) -> dict[str, Any]:
+    """Run the pending cells of ``job.block``; returns the block's index, written to ``out``."""
+    if job.block is None:
+        raise BakeoffError("serve-block needs the job's block (its spec has none)")
+    with stop_on_signals(job.launcher_pid):
+        p = prepare(job)
+        if job.block >= p.load.repeats - 1:
+            raise BakeoffError(f"block {job.block} is {job.engine_name}-{job.fmt}'s last of {p.load.repeats}: "
+                               "serve-load runs it")
+        try:
+            if p.pending:
+                run_cells(job, p)
+        finally:
+            p.session.stop()
+    index = {"variant": p.base, "block": job.block,
+             "cells": [json.loads((job.out_dir / f"{c.name}.json").read_text()) for c in p.mine]}
+    atomic_write_text(out, json.dumps(index, indent=2, default=str) + "\n")
+    return index
