@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from typing import Any
 
 import orjson
 from aiohttp import web
@@ -46,9 +47,10 @@ async def _health(_request: web.Request) -> web.Response:
 TOKEN_DELAY = web.AppKey("token_delay_s", float)
 
 
-def app(token_delay_s: float = 0.0) -> web.Application:
-    """``token_delay_s``: the server's time per output token (0: as fast as the client reads)."""
-    a = web.Application()
+def app(token_delay_s: float = 0.0, middlewares: Sequence[Any] = ()) -> web.Application:
+    """``token_delay_s``: the server's time per output token (0: as fast as the client reads); ``middlewares``
+    see every request first (a test counts what arrives, and when)."""
+    a = web.Application(middlewares=list(middlewares))
     a[TOKEN_DELAY] = token_delay_s
     a.router.add_post("/v1/completions", _completions)
     a.router.add_get("/health", _health)
@@ -56,10 +58,10 @@ def app(token_delay_s: float = 0.0) -> web.Application:
 
 
 @contextmanager
-def serving(host: str = "127.0.0.1", token_delay_s: float = 0.0) -> Iterator[str]:
+def serving(host: str = "127.0.0.1", token_delay_s: float = 0.0, middlewares: Sequence[Any] = ()) -> Iterator[str]:
     """Run the server on a free port in a background thread of this process; yields its base URL."""
     loop = asyncio.new_event_loop()
-    runner = web.AppRunner(app(token_delay_s), access_log=None)
+    runner = web.AppRunner(app(token_delay_s, middlewares), access_log=None)
     loop.run_until_complete(runner.setup())
     site = web.TCPSite(runner, host, 0)
     loop.run_until_complete(site.start())

@@ -225,13 +225,15 @@ def unpack(tarball: Path, root: Path) -> list[str]:
     return names
 
 
-CELL_COLUMNS = ["engine", "format", "concurrency", "prompt_len", "repeat", "block", "order", "requests",
-                "warmup_requests", "completed", "status", "load_note", "output_throughput", "steady_output_throughput",
-                "ramp_s", "tail_s", "tail_share", "p99_ttft_ms", "p99_tpot_ms", "median_ttft_ms", "median_tpot_ms", "server_median_tpot_ms", "energy_j",
-                "joules_per_output_token", "avg_power_w", "gpu_util_pct", "peak_gpu_bytes", "kv_cache_peak_pct",
-                "peak_waiting_requests", "peak_running_requests", "energy_source", "weight_bytes", "engine_settings",
-                "spec_hash", "started_utc", "node_id", "gpu_driver", "gpu_power_limit_w", "gpu_sm_clock_start_mhz",
-                "gpu_mem_clock_start_mhz", "gpu_temp_start_c", "gpu_sm_clock_mean_mhz", "gpu_sm_clock_min_mhz"]
+CELL_COLUMNS = [
+    "engine", "format", "concurrency", "prompt_len", "repeat", "block", "order", "requests", "warmup_requests",
+    "completed", "status", "load_note", "output_throughput", "steady_output_throughput", "ramp_s", "tail_s",
+    "tail_share", "p99_ttft_ms", "p99_tpot_ms", "median_ttft_ms", "median_tpot_ms", "server_median_tpot_ms",
+    "energy_j", "joules_per_output_token", "avg_power_w", "gpu_util_pct", "peak_gpu_bytes", "kv_cache_peak_pct",
+    "peak_waiting_requests", "peak_running_requests", "energy_source", "weight_bytes", "engine_settings",
+    "spec_hash", "started_utc", "node_id", "gpu_driver", "gpu_power_limit_w", "gpu_sm_clock_start_mhz",
+    "gpu_mem_clock_start_mhz", "gpu_temp_start_c", "gpu_sm_clock_mean_mhz", "gpu_sm_clock_min_mhz",
+]
 
 
 def _csv(path: Path, rows: list[dict], columns: list[str]) -> None:

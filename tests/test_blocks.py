@@ -1,0 +1,121 @@
+"""Blocks: the seeded run order, what each row records of it, and comparisons kept within one node.
+
+A block runs every variant once, each on its own server, in an order that is a seeded shuffle rotated by
+one place per block (a Latin square). Comparisons pair variants by block on one node; the same cell on
+two nodes is reported apart and never compared.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from bakeoff.hardware.fingerprint import node_id
+from bakeoff.loadgen.blocks import previous, schedule, slot_of
+from bakeoff.results import spread
+from bakeoff.results.derived import _hardware_for_roofline
+from bakeoff.results.roofline import row_columns
+from bakeoff.stages.summary import COLUMNS, rows
+
+V = [("llamacpp", "f16"), ("llamacpp", "q8_0"), ("llamacpp", "q4_k_m")]
+
+
+def test_every_variant_once_per_block_each_position_once_and_the_seed_decides() -> None:
+    slots = schedule(V, 3, seed=0)
+    assert [s.block for s in slots] == [0, 0, 0, 1, 1, 1, 2, 2, 2]
+    for b in range(3):
+        assert sorted((s.engine, s.format) for s in slots if s.block == b) == sorted(V)
+        assert [s.order for s in slots if s.block == b] == [0, 1, 2]
+    # a Latin square: each variant in each position once over three blocks
+    assert Counter((s.format, s.order) for s in slots) == Counter({(f, k): 1 for _, f in V for k in range(3)})
+    assert schedule(V, 3, seed=0) == slots  # the same seed, the same order
+    orders = {tuple((s.engine, s.format) for s in schedule(V, 3, seed) if s.block == 0) for seed in range(20)}
+    assert len(orders) > 1  # another seed, another order
+    assert schedule(V, 4, seed=0)[:9] == slots  # a block added later leaves the earlier ones as they ran
+
+
+def test_a_variant_with_fewer_repeats_sits_out_later_blocks_and_the_chain_is_total() -> None:
+    slots = schedule([*V, ("llamacpp_cacheram", "q4_k_m")], [3, 3, 3, 1], seed=0)
+    assert len(slots) == 10
+    assert [s.block for s in slots if s.engine == "llamacpp_cacheram"] == [0]
+    assert [s.order for s in slots if s.block == 1] == [0, 1, 2]  # orders count only the block's variants
+    first = slots[0]
+    assert previous(slots, first) is None
+    assert previous(slots, slots[5]) == slots[4]
+    assert slot_of(slots, "llamacpp", "q8_0", 2).block == 2
+    with pytest.raises(KeyError):
+        slot_of(slots, "llamacpp_cacheram", "q4_k_m", 1)
+    with pytest.raises(ValueError):
+        schedule(V, [3, 3], seed=0)
+
+
+def test_rows_carry_block_order_and_node(tmp_path: Path) -> None:
+    cell = {"engine": "llamacpp", "format": "f16", "concurrency": 8, "prompt_len": 128, "repeat": 2, "block": 2,
+            "order": 1, "node_id": "gpu:GPU-a", "status": "ok", "warmup_requests": 8,
+            "steady_output_throughput": 790.0, "gpu_sm_clock_start_mhz": 1980}
+    idx = tmp_path / "cells.json"
+    idx.write_text(json.dumps({"variant": {"experiment": "e", "engine": "llamacpp", "format": "f16"}, "cells": [cell]}))
+    (row,) = rows([idx], "h")
+    assert {k: row[k] for k in ("block", "order", "node_id", "warmup_requests")} == \
+        {"block": 2, "order": 1, "node_id": "gpu:GPU-a", "warmup_requests": 8}
+    assert {"steady_output_throughput", "tail_share", "gpu_sm_clock_start_mhz"} <= set(COLUMNS)
+
+
+def _row(fmt: str, block: int, tput: float, node: str = "gpu:GPU-a") -> dict:
+    return {"experiment": "e", "model": "m", "engine": "llamacpp", "format": fmt, "hardware": "h200",
+            "node_id": node, "concurrency": "32", "prompt_len": "128", "output_len": "256", "request_rate": "",
+            "bits_per_weight": {"f16": "16", "q4_k_m": "4.9"}[fmt], "status": "ok", "block": str(block),
+            "repeat": str(block), "output_throughput": str(tput), "median_ttft_ms": "100", "median_tpot_ms": "10",
+            "median_e2el_ms": "2000"}
+
+
+def test_blocks_pair_the_comparison_so_drift_between_blocks_cancels() -> None:
+    """q4_k_m is 2 % slower than f16 in every block, while the blocks drift by 20 %: Welch on the pooled
+    repeats sees noise, the paired test sees the 2 %."""
+    drift = [1000.0, 1100.0, 1200.0]
+    data = [_row("f16", b, d) for b, d in enumerate(drift)] + [_row("q4_k_m", b, d * 0.98) for b, d in enumerate(drift)]
+    (c,) = [c for c in spread.comparisons(data) if c.metric == "output_throughput"]
+    assert c.diff.pairing == "blocks" and c.n_a == c.n_b == 3 and c.node == "gpu:GPU-a"
+    assert c.diff.rel_pct == pytest.approx(-2.0)
+    assert c.diff.significant is True and c.diff.ci95_pct < 1.0
+    welch = spread.compare(drift, [d * 0.98 for d in drift])
+    assert welch.significant is False
+    assert "3 blocks, paired" in c.line()
+
+
+def test_cells_from_different_nodes_are_never_compared_and_their_spread_is_reported_apart() -> None:
+    data = [_row("f16", b, 1000.0 + b, "gpu:GPU-a") for b in range(3)]
+    data += [_row("q4_k_m", b, 900.0 + b, "gpu:GPU-b") for b in range(3)]
+    assert spread.comparisons(data) == []  # f16 on one node, q4_k_m on another: no comparison at all
+    data += [_row("f16", b, 1300.0 + b, "gpu:GPU-b") for b in range(3)]
+    found = [c for c in spread.comparisons(data) if c.metric == "output_throughput"]
+    assert [c.node for c in found] == ["gpu:GPU-b"]  # only within the node both ran on
+    (ns,) = spread.node_spread(data)
+    assert ns.variant == "llamacpp-f16" and set(ns.node_means) == {"gpu:GPU-a", "gpu:GPU-b"}
+    assert ns.range_pct == pytest.approx(100.0 * 300.0 / 1151.0)
+    spread.extend(data)  # each node's cell is its own group: never pooled
+    assert {r["repeats_ok"] for r in data if r["format"] == "f16"} == {3}
+
+
+def test_the_roofline_uses_the_bandwidth_measured_on_the_node_where_the_record_has_one() -> None:
+    hw = {"backend": "cuda", "gpus": 1, "mem_bandwidth_gbs": 4300.0}
+    measured = {"gpus": [{"uuid": "GPU-a", "mem_bandwidth_gbs": 4241.9}]}
+    used, source = _hardware_for_roofline(hw, measured)
+    assert (used["mem_bandwidth_gbs"], source) == (4241.9, "measured")
+    row = {"median_tpot_ms": "5", "weight_bytes": str(4241.9e9 / 1000), "concurrency": "1"}
+    assert row_columns(row, used, "llamacpp", {})["decode_ceiling_tok_s"] == pytest.approx(1000.0)
+    assert _hardware_for_roofline(hw, {"gpus": [{"uuid": "GPU-a", "mem_bandwidth_error": "no torch"}]}) == (hw, "config")
+    two = {"gpus": [{"mem_bandwidth_gbs": 4200.0}, {"mem_bandwidth_gbs": 4100.0}]}
+    assert _hardware_for_roofline(hw, two)[0]["mem_bandwidth_gbs"] == 4100.0  # the slowest GPU bounds a step
+
+
+def test_a_node_is_named_by_its_gpus_else_by_host_and_machine_id(tmp_path: Path) -> None:
+    assert node_id(["GPU-b", "GPU-a"]) == "gpu:GPU-a,GPU-b"
+    mid = tmp_path / "machine-id"
+    mid.write_text("0123456789abcdef\n")
+    assert node_id(None, mid).endswith("/0123456789ab") and node_id(None, mid).startswith("host:")
+    assert "/" not in node_id([], tmp_path / "missing")
+
