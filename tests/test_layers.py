@@ -52,16 +52,30 @@ def _module_name(path: Path) -> str:
     return ".".join(parts)
 
 
-def _imports(tree: ast.Module) -> list[tuple[str, bool]]:
-    """(imported bakeoff module, imported at module level?) for every import in the file."""
+def _absolute(node: ast.ImportFrom, package: str) -> list[str]:
+    """The modules a ``from`` import names, relative ones (``from ..stages import summary``) resolved against
+    ``package``, the importing module's package."""
+    if node.level == 0:
+        return [node.module] if node.module != "bakeoff" else [f"bakeoff.{a.name}" for a in node.names]
+    parts = package.split(".")
+    base = ".".join(parts[:len(parts) - (node.level - 1)])
+    if node.module:
+        module = f"{base}.{node.module}"
+        return [module] if module != "bakeoff" else [f"bakeoff.{a.name}" for a in node.names]
+    return [f"{base}.{a.name}" for a in node.names]
+
+
+def _imports(tree: ast.Module, package: str = "bakeoff") -> list[tuple[str, bool]]:
+    """(imported bakeoff module, imported at module level?) for every import in the file; ``package`` is the
+    file's own package, against which relative imports resolve."""
     top = {id(n) for n in tree.body}
     for n in tree.body:  # `if TYPE_CHECKING:` and try/except blocks still run (or type-check) at import
         if isinstance(n, (ast.If, ast.Try)):
             top |= {id(c) for c in ast.walk(n)}
     out = []
     for node in ast.walk(tree):
-        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            names = [node.module] if node.module != "bakeoff" else [f"bakeoff.{a.name}" for a in node.names]
+        if isinstance(node, ast.ImportFrom) and (node.module or node.level):
+            names = _absolute(node, package)
         elif isinstance(node, ast.Import):
             names = [a.name for a in node.names]
         else:
@@ -77,7 +91,8 @@ def violations() -> list[str]:
         mine = _part(me)
         if not mine:  # bakeoff/__init__.py
             continue
-        for target, at_import in _imports(ast.parse(path.read_text(), str(path))):
+        package = me if path.name == "__init__.py" else me.rsplit(".", 1)[0]
+        for target, at_import in _imports(ast.parse(path.read_text(), str(path)), package):
             theirs = _part(target)
             if _rank(theirs) <= _rank(mine):
                 continue
@@ -101,3 +116,11 @@ def test_the_check_catches_an_engine_importing_a_stage() -> None:
     tree = ast.parse("from bakeoff.stages.build_llamacpp import toolchain_bin\n")
     (target, at_import), = _imports(tree)
     assert at_import and _rank(_part(target)) > _rank("engines")
+
+
+def test_relative_imports_are_read_too() -> None:
+    """``from ..stages import summary`` inside models/manifest.py reaches up just as the absolute form does."""
+    tree = ast.parse("def f():\n    from ..stages import summary\n    from . import weights\n")
+    assert _imports(tree, "bakeoff.models") == [("bakeoff.stages", False), ("bakeoff.models.weights", False)]
+    tree = ast.parse("from .. import layout\nfrom ..loadgen.metrics import summarize\n")
+    assert _imports(tree, "bakeoff.stages") == [("bakeoff.layout", True), ("bakeoff.loadgen.metrics", True)]

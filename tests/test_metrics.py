@@ -107,3 +107,13 @@ def test_the_summary_columns_are_the_metrics_a_cell_computes() -> None:
     # in the summary, in the metrics' own order
     at = [COLUMNS.index(k) for k in (*SUMMARY_METRICS, *SERVER_METRICS)]
     assert at == sorted(at) and len(set(COLUMNS)) == len(COLUMNS)
+
+
+def test_tpot_divides_by_output_tokens_minus_one_not_by_chunk_gaps() -> None:
+    """A server may stream several tokens a chunk: 8 tokens in 4 chunks (3 gaps) over 0.7 s after the first
+    chunk is 0.1 s a token, not 0.233 s a gap."""
+    r = _rec(0, ttft=0.2, e2el=0.9, itl=[0.2, 0.2, 0.3], out=8)
+    assert r.tpot == pytest.approx(0.1)
+    m = summarize([r], 1.0)
+    assert m["median_tpot_ms"] == pytest.approx(100.0)
+    assert m["median_itl_ms"] == pytest.approx(200.0)  # ITL stays the chunk gap, as in vLLM

@@ -86,3 +86,24 @@ def test_failed_repeats_do_not_enter_the_spread() -> None:
 def test_each_repeat_is_a_pass_over_the_matrix() -> None:
     load = LoadCfg(concurrency=[1, 4], prompt_len=[32], output_len=8, num_requests=2, repeats=2)
     assert [(c.repeat, c.concurrency) for c in cells_of(load)] == [(0, 1), (0, 4), (1, 1), (1, 4)]
+
+
+def test_the_test_is_welchs_not_students() -> None:
+    """Unequal spreads and sizes, where the pooled-variance (Student) p and Welch's differ: the p-value must be
+    Welch's, computed here from its formula (Welch-Satterthwaite degrees of freedom)."""
+    from scipy import stats
+
+    a = [100.0, 100.5, 99.5, 100.2, 99.8, 100.1]  # tight, 6 repeats
+    b = [104.0, 96.0, 110.0]  # noisy, 3 repeats
+    na, nb = len(a), len(b)
+    ma, mb = sum(a) / na, sum(b) / nb
+    va = sum((x - ma) ** 2 for x in a) / (na - 1)
+    vb = sum((x - mb) ** 2 for x in b) / (nb - 1)
+    se2 = va / na + vb / nb
+    t = (mb - ma) / math.sqrt(se2)
+    df = se2**2 / ((va / na) ** 2 / (na - 1) + (vb / nb) ** 2 / (nb - 1))
+    welch_p = 2 * stats.t.sf(abs(t), df)
+    pooled = ((na - 1) * va + (nb - 1) * vb) / (na + nb - 2)
+    student_p = 2 * stats.t.sf(abs(mb - ma) / math.sqrt(pooled * (1 / na + 1 / nb)), na + nb - 2)
+    assert abs(welch_p - student_p) > 0.1  # the data tells the two tests apart
+    assert spread.compare(a, b).p == pytest.approx(welch_p, rel=1e-9)
