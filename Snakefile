@@ -1,9 +1,17 @@
 # bakeoff's DAG. Wiring only: the path templates (from bakeoff.layout), includes, and `rule all`.
 # Configuration is Hydra's (conf/); pass overrides with --config, e.g.
 #   snakemake --cores all results/summary.csv --config experiment=blog_v100
+import os
+import sys
+from pathlib import Path
+
 from snakemake.utils import min_version
 
 min_version("9.0")
+
+# Rules call the `bakeoff` CLI: put the bin folder of the Python running Snakemake first on PATH, so
+# `.venv/bin/snakemake ...` works from a shell without the venv activated.
+os.environ["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
 
 # Path grammar: every artifact path bakeoff writes is defined once, in src/bakeoff/layout.py (its docstring
 # lists them); the rules use its templates. Logs mirror outputs under logs/, benchmark timings under logs/bench/.

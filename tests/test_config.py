@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -9,7 +11,7 @@ import pytest
 from bakeoff.config.compose import compose_raw, load_config, overrides_from_snakemake
 from bakeoff.errors import ConfigError
 
-from conftest import ROOT, snakemake
+from conftest import BIN, ROOT, results_root, snakemake
 
 CONF = ROOT / "conf"
 GROUPS = ["model", "hardware", "load", "eval", "experiment"]
@@ -117,3 +119,13 @@ def test_conf_dir_is_found_from_anywhere_in_the_repo(tmp_path: Path) -> None:
     assert find_conf_dir(ROOT / "src" / "bakeoff") == CONF
     with pytest.raises(ConfigError):
         find_conf_dir(tmp_path)
+
+
+def test_rules_find_the_cli_without_the_venv_on_path(tmp_path: Path) -> None:
+    """`.venv/bin/snakemake` from a shell whose PATH lacks the venv: a rule's `bakeoff ...` still runs."""
+    root = results_root(tmp_path / "work")
+    env = {**os.environ, "PATH": "/usr/bin:/bin"}
+    proc = subprocess.run([str(BIN / "snakemake"), "--cores", "1", "results/config.json"], cwd=root, env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert (root / "results" / "config.json").is_file()
