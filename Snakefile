@@ -1,7 +1,7 @@
 # bakeoff's DAG. Wiring only: the path templates (from bakeoff.layout), includes, and `rule all`.
 # Configuration is Hydra's (conf/); pass overrides with --config, e.g.
 #   snakemake --cores all results/summary.csv --config experiment=blog_v100
-import os
+import shlex
 import sys
 from pathlib import Path
 
@@ -9,9 +9,10 @@ from snakemake.utils import min_version
 
 min_version("9.0")
 
-# Rules call the `bakeoff` CLI: put the bin folder of the Python running Snakemake first on PATH, so
-# `.venv/bin/snakemake ...` works from a shell without the venv activated.
-os.environ["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
+# Rules call the `bakeoff` CLI: every job's shell appends the bin folder of the Python running Snakemake to
+# PATH, so `.venv/bin/snakemake ...` works from a shell without the venv activated (a `bakeoff` already on
+# PATH, such as a job's conda environment's, still comes first).
+shell.prefix(f"set -euo pipefail; export PATH=\"$PATH\":{shlex.quote(str(Path(sys.executable).parent))}; ")
 
 # Path grammar: every artifact path bakeoff writes is defined once, in src/bakeoff/layout.py (its docstring
 # lists them); the rules use its templates. Logs mirror outputs under logs/, benchmark timings under logs/bench/.
