@@ -1,6 +1,6 @@
 """GPU telemetry: CUDA_VISIBLE_DEVICES -> NVML handles by UUID, and the energy-counter arithmetic.
 
-No GPU here, so NVML itself is replaced by ``RecordedNvml`` below: a hand-written
+No GPU here, so NVML itself is replaced by ``HandWrittenNvml`` below: a hand-written
 stand-in that answers NVML's calls from a fixed device inventory (the UUID of
 the lent H200 comes from runs/h200-llamacpp/probe.json, the others are
 hand-written). What is tested is bakeoff's mapping and arithmetic, not NVML.
@@ -41,7 +41,7 @@ class _Util:
     gpu: int
 
 
-class RecordedNvml:
+class HandWrittenNvml:
     """Hand-written NVML stand-in: per-device memory, utilization, power and a scripted energy counter."""
 
     def __init__(self, uuids: list[str], energy_mj: dict[str, list[int]] | None = None) -> None:
@@ -109,7 +109,7 @@ def test_uuid_entries_and_prefixes():
 
 
 def test_server_gpus_samples_only_the_servers_devices():
-    nv = RecordedNvml(UUIDS)
+    nv = HandWrittenNvml(UUIDS)
     got = server_gpus(nv, {"CUDA_VISIBLE_DEVICES": "1", "CUDA_DEVICE_ORDER": "PCI_BUS_ID"})
     assert got == [(UUIDS[1], UUIDS[1])]
 
@@ -123,14 +123,14 @@ def test_energy_delta_normal_wrap_reset():
     assert energy_delta_j(5_000_000_000, 2_000, elapsed_s=1.0, power_limit_w=700) is None
 
 
-def _window(nv: RecordedNvml, visible: str) -> GpuWindow:
+def _window(nv: HandWrittenNvml, visible: str) -> GpuWindow:
     w = GpuWindow({"CUDA_VISIBLE_DEVICES": visible, "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}, interval_s=0.01, nvml=nv)
     w.start()
     return w.stop()
 
 
 def test_window_energy_from_the_counter_of_its_gpus_only():
-    nv = RecordedNvml(UUIDS, {UUIDS[0]: [1_000_000, 1_600_000], UUIDS[1]: [0, 999_000_000]})
+    nv = HandWrittenNvml(UUIDS, {UUIDS[0]: [1_000_000, 1_600_000], UUIDS[1]: [0, 999_000_000]})
     cols = _window(nv, "0").columns(output_tokens=300)
     assert cols["energy_source"] == "nvml_total_energy_counter"
     assert cols["energy_j"] == pytest.approx(600.0)  # GPU 1's counter is not the server's
@@ -140,7 +140,7 @@ def test_window_energy_from_the_counter_of_its_gpus_only():
 
 
 def test_window_falls_back_to_power_integral_on_reset():
-    nv = RecordedNvml(UUIDS, {UUIDS[2]: [7_000_000_000, 5]})
+    nv = HandWrittenNvml(UUIDS, {UUIDS[2]: [7_000_000_000, 5]})
     cols = _window(nv, "2").columns(output_tokens=10)
     assert cols["energy_source"] == "sampled_power_integral"
     # 300 W sampled over the window
