@@ -1,4 +1,4 @@
-"""The hardware doctor: on this CPU machine for real, and on NVML facts: recorded on an H200, hand-written for V100 and A100 nodes.
+"""The hardware doctor: on this CPU machine for real, and on NVML facts (recorded on an H200; hand-written V100, A100).
 
 tests/fixtures/hardware/h200.json was recorded on the lent H200 (``python -m bakeoff.hardware.doctor``). The V100
 and A100 files are hand-written (``*.handwritten.json``; tests/fixtures/hardware/README.md says where each
