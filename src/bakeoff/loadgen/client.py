@@ -3,7 +3,10 @@
 The request asks for exactly ``output_len`` tokens (``max_tokens`` plus
 ``ignore_eos``), temperature 0, streamed, with ``stream_options.include_usage``
 so the server itself reports token counts. Timing follows
-:mod:`bakeoff.loadgen.metrics`.
+:mod:`bakeoff.loadgen.metrics`, recorded as ``vllm bench serve``'s request function records it
+(vllm/benchmarks/lib/endpoint_request_func.py): every chunk that carries ``choices`` is a token chunk,
+even when its text is empty (a special token), TTFT is the first such chunk, each later one adds an ITL
+gap, the latency ends at the last one, and a request succeeds once one arrived.
 """
 
 from __future__ import annotations
@@ -56,6 +59,7 @@ async def send(
     start = time.perf_counter()
     record.start = start - t0
     last = start
+    first: float | None = None
     try:
         async with session.post(url, json=body, headers=headers) as resp:
             if resp.status != 200:
@@ -77,17 +81,18 @@ async def send(
                         usage = msg["usage"]
                     if msg.get("timings"):  # llama-server: its own timing, in the final chunk
                         server_timings(record, msg["timings"])
-                    choices = msg.get("choices") or []
-                    text = choices[0].get("text", "") if choices else ""
-                    if text:
+                    choices = msg.get("choices")
+                    if choices:  # as vLLM's client: a chunk with choices is a token chunk, even with empty text
                         now = time.perf_counter()
-                        if not text_parts:
+                        if first is None:
+                            first = now
                             record.ttft = now - start
                         else:
                             record.itl.append(now - last)
                         last = now
-                        text_parts.append(text)
-        record.e2el = time.perf_counter() - start
+                        text_parts.append(choices[0].get("text") or "")
+        if first is not None:
+            record.e2el = last - start  # vLLM's latency: to the last token chunk, not the stream's end
     except (aiohttp.ClientError, TimeoutError, ConnectionError, orjson.JSONDecodeError) as e:
         record.error = f"{type(e).__name__}: {e}"[:300]
         return record
@@ -99,8 +104,8 @@ async def send(
     elif count_tokens is not None:
         record.output_tokens = count_tokens(record.generated_text)
         record.tokens_from = "client-tokenizer"
-    if not text_parts:
-        record.error = "stream ended without content"
+    if first is None:
+        record.error = "stream ended without a token chunk"
         return record
     record.success = True
     return record

@@ -4,14 +4,16 @@ They follow vLLM's ``vllm bench serve`` (benchmarks/serve.py), so numbers are
 comparable with that tool and across engines:
 
 * **TTFT** -- time to first token: from sending the request to the first
-  streamed chunk that carries content.
+  streamed chunk that carries ``choices`` (its text may be empty, as for a
+  special token; vLLM's rule).
 * **TPOT** -- time per output token, per request, excluding the first token:
   ``(E2EL - TTFT) / (output_tokens - 1)``; requests with one output token
   have none.
-* **ITL** -- inter-token latency: the gaps between successive content chunks,
+* **ITL** -- inter-token latency: the gaps between successive token chunks,
   pooled across all requests (a chunk may carry several tokens; like vLLM we
   measure chunk gaps).
-* **E2EL** -- end-to-end latency of a request, send to last byte.
+* **E2EL** -- end-to-end latency of a request, send to its last token chunk
+  (vLLM's ``latency``; the usage-only chunk and ``[DONE]`` after it are not counted).
 * **Token counts** -- from the server's ``usage`` (``stream_options.include_usage``);
   the client tokenizer only when the server sends no usage.
 * **Duration** -- first dispatch to last completion of the measured requests
