@@ -28,13 +28,21 @@ def _env() -> dict[str, str]:
 
 
 def stale_inputs(repo: Path) -> dict:
-    """Dependencies and params of each stage whose hashes differ from dvc.lock (``{}``: the lock is current)."""
+    """Dependencies and params of each stage whose hashes differ from dvc.lock, and ``"command": "changed"``
+    where the stage's command differs from the lock's (``{}``: the lock is current). Missing outputs do not
+    count: a clone has none."""
     p = subprocess.run([str(BIN / "dvc"), "status", "--json"], cwd=repo, env=_env(), capture_output=True,
                        text=True, timeout=300)
     assert p.returncode == 0, p.stderr[-2000:]
     status = json.loads(p.stdout or "{}")
-    return {stage: changed for stage, entries in status.items() for e in entries
-            if isinstance(e, dict) and (changed := e.get("changed deps"))}
+    out: dict = {}
+    for stage, entries in status.items():
+        for e in entries:
+            if e == "changed command":
+                out.setdefault(stage, {})["command"] = "changed"
+            elif isinstance(e, dict) and (changed := e.get("changed deps")):
+                out.setdefault(stage, {}).update(changed)
+    return out
 
 
 def _clone(tmp_path: Path) -> Path:
@@ -58,3 +66,18 @@ def test_the_check_sees_a_changed_dependency(tmp_path: Path) -> None:
     after = stale_inputs(clone)
     assert after.get("bakeoff", {}).get("data/published_numbers.yaml") == "modified"
     assert "data/published_numbers.yaml" not in before.get("bakeoff", {})
+
+
+def test_the_check_sees_a_changed_command_and_a_changed_param(tmp_path: Path) -> None:
+    """A stage command or a param edited since the lock is stale too, not only a dependency file."""
+    clone = _clone(tmp_path)
+    dvc_yaml = clone / "dvc.yaml"
+    dvc_yaml.write_text(dvc_yaml.read_text().replace("snakemake --cores all", "snakemake --cores 1", 1))
+    params = clone / "params.yaml"
+    text = params.read_text()
+    assert "  output_len: 32\n" in text
+    params.write_text(text.replace("  output_len: 32\n", "  output_len: 31\n", 1))
+    subprocess.run(["git", "commit", "-qam", "edit the command and a param"], cwd=clone, check=True, env=_env())
+    after = stale_inputs(clone).get("bakeoff", {})
+    assert after.get("command") == "changed"
+    assert after.get("params.yaml") == {"load": "modified"}
