@@ -11,7 +11,7 @@ import pytest
 from bakeoff.config.compose import compose_raw, load_config, overrides_from_snakemake
 from bakeoff.errors import ConfigError
 
-from conftest import BIN, ROOT, results_root, snakemake
+from conftest import BIN, ROOT, planned_jobs, results_root, snakemake
 
 CONF = ROOT / "conf"
 GROUPS = ["model", "hardware", "load", "eval", "experiment"]
@@ -129,3 +129,11 @@ def test_rules_find_the_cli_without_the_venv_on_path(tmp_path: Path) -> None:
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert (root / "results" / "config.json").is_file()
+
+
+def test_rule_all_names_every_variants_index_so_a_deleted_one_is_measured_again() -> None:
+    plan = snakemake("-n", "--cores", "1", "--config", "experiment=smoke").stdout
+    jobs = dict(planned_jobs(plan))
+    cfg = load_config(["experiment=smoke"])
+    for engine, fmt in cfg.variants():
+        assert f"results/raw/smoke/{cfg.model.name}/{engine}-{fmt}/cells.json" in jobs["all"]["input"]

@@ -63,3 +63,20 @@ def test_fewer_requests_for_a_format_is_noted():
     assert q8.num_requests == 100 and note == ""
     pair, _ = load.for_variant({"concurrency": [32], "prompt_len": [128]}, "q4_k_m")
     assert pair.concurrency == [32] and pair.num_requests == 100
+
+
+def test_the_cold_first_repetition_is_left_out_of_the_kernel_rate() -> None:
+    """The samples are llama-bench's own, from the H200 record (runs/h200-llamacpp/blocks-2026-12-04-s8,
+    f16 pp512: its first repetition ran cold). Fewer than three samples keep llama-bench's mean."""
+    import statistics
+
+    from bakeoff.results.llamabench import parse_records
+
+    rec = {"n_prompt": 512, "n_gen": 0, "flash_attn": 1, "model_size": 13477363712, "model_n_params": 6738415616,
+           "avg_ts": 22003.987163, "stddev_ts": 4355.991367, "samples_ts": [14215, 24087.3, 23930.7, 24031.9, 23755]}
+    (m,) = parse_records([rec])
+    assert m["tok_s"] == pytest.approx(statistics.fmean([24087.3, 23930.7, 24031.9, 23755]))
+    assert m["stddev"] == pytest.approx(statistics.stdev([24087.3, 23930.7, 24031.9, 23755]))
+    assert m["cold_repetitions_dropped"] == 1 and m["tok_s"] > rec["avg_ts"]
+    (short,) = parse_records([{**rec, "samples_ts": [14215, 24087.3]}])
+    assert (short["tok_s"], short["stddev"], short["cold_repetitions_dropped"]) == (22003.987163, 4355.991367, 0)

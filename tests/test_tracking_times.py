@@ -47,3 +47,6 @@ def test_cell_runs_carry_their_cells_real_start_and_end(tmp_path: Path) -> None:
     one, eight = runs["smoke/llamacpp-q8_0/c1-p32"].info, runs["smoke/llamacpp-q8_0/c8-p32"].info
     assert (one.start_time, one.end_time) == (1_700_000_000_250, 1_700_000_012_500)
     assert (eight.start_time, eight.end_time) == (1_700_000_020_000, 1_700_000_023_500)  # start + duration
+    # the invocation's run spans its cells: the first start to the last end
+    parent = client.get_run(rec["parent_run_id"]).info
+    assert (parent.start_time, parent.end_time) == (1_700_000_000_250, 1_700_000_023_500)

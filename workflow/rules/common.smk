@@ -292,8 +292,9 @@ def sample_files():
 
 
 def all_outputs():
-    """The single source of `rule all`'s targets."""
-    return [SUMMARY, BASELINES, *sample_files(), *plot_files(), *report_pages(), DVC_METRICS, *ecc_after(),
+    """The single source of `rule all`'s targets. Every variant's cells.json is one, so deleting a variant's
+    index re-measures it (Snakemake does not rebuild a missing input of an up-to-date summary on its own)."""
+    return [SUMMARY, BASELINES, *cell_indexes(), *sample_files(), *plot_files(), *report_pages(), DVC_METRICS, *ecc_after(),
             *([TRACKED] if CFG.tracking.enabled else [])]
 
 

@@ -119,6 +119,19 @@ def _chunks(items: list, n: int) -> Iterator[list]:
         yield items[i:i + n]
 
 
+def _cells_span_ms(rows: list[dict[str, str]], variant_dirs: Mapping[str, Path]) -> tuple[int | None, int | None]:
+    """The first cell's start and the last cell's end (ms), so the invocation's run spans what it measured."""
+    starts, ends = [], []
+    for r in rows:
+        d = variant_dirs.get(row_variant_key(r))
+        cell = d / f"{row_cell_name(r)}.json" if d is not None else None
+        if cell is not None and cell.is_file():
+            a, b = cell_times_ms(json.loads(cell.read_text()))
+            starts += [a] if a is not None else []
+            ends += [b] if b is not None else []
+    return (min(starts) if starts else None, max(ends) if ends else None)
+
+
 def log_invocation(*, summary: Path, config_json: Path, versions_json: Path, cell_indexes: list[Path],
                    plots: list[Path], uri: str, experiment: str, out: Path, root: Path) -> dict[str, Any]:
     """Log one invocation (parent + a child per summary row); write ``out`` with the run ids."""
@@ -149,8 +162,10 @@ def log_invocation(*, summary: Path, config_json: Path, versions_json: Path, cel
         base_tags = {**vtags, "git_sha": versions.get("git_sha", ""), "git_dirty": versions.get("git_dirty", ""),
                      "model_revision": versions.get("model_revision", ""), "model_sha256": versions.get("model_sha256", ""),
                      "config_hash": versions.get("config_hash", "")}
+        span = _cells_span_ms(rows, variant_dirs)
         parent = client.create_run(exp_id, run_name=f"{'+'.join(names)} {time.strftime('%Y-%m-%d %H:%M:%S')}",
-                                   tags={**base_tags, "bakeoff.role": "invocation", "bakeoff.points": " ".join(names)})
+                                   tags={**base_tags, "bakeoff.role": "invocation", "bakeoff.points": " ".join(names)},
+                                   start_time=span[0])
         pid = parent.info.run_id
         children: dict[str, str] = {}
         try:
@@ -208,7 +223,7 @@ def log_invocation(*, summary: Path, config_json: Path, versions_json: Path, cel
                 client.set_terminated(cid, "FAILED")
             client.set_terminated(pid, "FAILED")
             raise
-        client.set_terminated(pid, "FINISHED")
+        client.set_terminated(pid, "FINISHED", end_time=span[1])
     record = {"tracking_uri": uri, "experiment": experiment, "experiment_id": exp_id, "parent_run_id": pid,
               "ui_path": ui_path(exp_id), "children": children}
     atomic_write_text(Path(out), json.dumps(record, indent=2) + "\n")
