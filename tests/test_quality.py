@@ -157,10 +157,16 @@ def test_samples_side_by_side_include_quicksort(pipeline: Pipeline) -> None:
 
 @pytest.mark.slow
 def test_unknown_eval_task_fails_clearly_before_any_server(pipeline: Pipeline) -> None:
-    proc = pipeline.snakemake("--cores", "all", f"results/raw/badtask/{MODEL}/llamacpp-q4_k_m/cells.json", "--config",
+    """The schedule's first serving job (the others wait for it) stops on the unknown task before its server."""
+    from bakeoff.loadgen.blocks import schedule
+
+    cfg = load_config(["experiment=ci"])
+    first = schedule(cfg.variants(), cfg.load.repeats, cfg.load.block_seed)[0]
+    variant = f"{first.engine}-{first.format}"
+    proc = pipeline.snakemake("--cores", "all", f"results/raw/badtask/{MODEL}/{variant}/cells.json", "--config",
                               "experiment=ci", "overrides=experiment.name=badtask eval.tasks=[pydoc_ppl,no_such_task]",
                               check=False)
     assert proc.returncode != 0
-    log = (pipeline.root / "logs" / "results" / "raw" / "badtask" / MODEL / "llamacpp-q4_k_m.log").read_text()
+    log = (pipeline.root / "logs" / "results" / "raw" / "badtask" / MODEL / f"{variant}.log").read_text()
     assert "unknown eval task(s) ['no_such_task']" in log
-    assert not (pipeline.results / "raw" / "badtask" / MODEL / "llamacpp-q4_k_m" / "server.log").exists()
+    assert not (pipeline.results / "raw" / "badtask" / MODEL / variant / "server.log").exists()
