@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -18,6 +17,7 @@ import aiohttp
 import pytest
 from aiohttp import web
 
+from bakeoff.loadgen import echo_server
 from bakeoff.loadgen.client import send
 from bakeoff.loadgen.metrics import RequestRecord
 
@@ -46,9 +46,11 @@ GAP_S = 0.02
 
 @contextmanager
 def replay() -> Iterator[str]:
-    """A server that streams ``STREAMS[model]`` with ``GAP_S`` between chunks."""
+    """The echo server, with a middleware that answers every request by streaming ``STREAMS[model]``,
+    ``GAP_S`` between chunks."""
 
-    async def completions(request: web.Request) -> web.StreamResponse:
+    @web.middleware
+    async def streams(request: web.Request, _handler):  # type: ignore[no-untyped-def]
         body = await request.json()
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await resp.prepare(request)
@@ -59,23 +61,8 @@ def replay() -> Iterator[str]:
         await resp.write_eof()
         return resp
 
-    app = web.Application()
-    app.router.add_post("/v1/completions", completions)
-    loop = asyncio.new_event_loop()
-    runner = web.AppRunner(app, access_log=None)
-    loop.run_until_complete(runner.setup())
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    loop.run_until_complete(site.start())
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-    thread = threading.Thread(target=loop.run_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{port}/v1/completions"
-    finally:
-        loop.call_soon_threadsafe(loop.stop)
-        thread.join(timeout=10)
-        loop.run_until_complete(runner.cleanup())
-        loop.close()
+    with echo_server.serving(middlewares=[streams]) as base:
+        yield f"{base}/v1/completions"
 
 
 async def _both(url: str, stream: str) -> tuple[RequestRecord, object]:
