@@ -170,3 +170,26 @@ def test_unknown_eval_task_fails_clearly_before_any_server(pipeline: Pipeline) -
     log = (pipeline.root / "logs" / "results" / "raw" / "badtask" / MODEL / f"{variant}.log").read_text()
     assert "unknown eval task(s) ['no_such_task']" in log
     assert not (pipeline.results / "raw" / "badtask" / MODEL / variant / "server.log").exists()
+
+
+def test_a_rerun_through_snakemake_reuses_the_score_and_samples(pipeline: Pipeline, summary: dict) -> None:
+    """Snakemake deletes quality.json and samples.json before it reruns serve_load; both come back unchanged.
+
+    The forced job is one variant's whole serving job: its cells, samples and score are all kept, so no
+    server starts. ``--touch`` then leaves the run as up to date as it was for the tests after this one.
+    """
+    engine, fmt = next(k for k, r in summary.items() if r["quality_status"] == "ok" and k[0] == "llamacpp")
+    variant = pipeline.raw / f"{engine}-{fmt}"
+    before = {name: (variant / name).read_text() for name in ("quality.json", "samples.json", "cells.json")}
+    logs = [variant / "server.log", variant / "eval-server.log"]  # rewritten by every server start
+    started = [p.stat().st_mtime_ns for p in logs]
+    config = ("--config", f"experiment={pipeline.experiment}")
+    try:
+        pipeline.snakemake("--cores", "all", "--force", *config, "--", str(variant.relative_to(pipeline.root) / "cells.json"))
+        log = (pipeline.root / "logs" / "results" / "raw" / pipeline.experiment / MODEL / f"{engine}-{fmt}.log").read_text()
+        assert "quality: reusing quality.json" in log
+        assert [p.stat().st_mtime_ns for p in logs] == started  # no server started: nothing was measured again
+        for name, text in before.items():
+            assert (variant / name).read_text() == text, name
+    finally:
+        pipeline.snakemake("--cores", "1", "--touch", *config)

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from bakeoff.config.compose import load_config
 from bakeoff.config.schema import EngineCfg, EvalCfg
-from bakeoff.layout import QUALITY_FILE
+from bakeoff.layout import KEPT_DIR, QUALITY_FILE
 from bakeoff.models.manifest import verify, write_manifest
 from bakeoff.quality.plan import QualityPlan
 
@@ -55,6 +55,26 @@ def test_a_recorded_score_is_reused_and_changed_inputs_are_rescored(tmp_path: Pa
 
     # nothing above wrote: the record is still the first one, and still reused
     assert not _plan(engine, EVAL, manifest, out).needed
+
+
+def test_the_score_is_reused_after_snakemake_deleted_the_declared_output(tmp_path: Path) -> None:
+    """Snakemake removes quality.json before a rerun; the kept copy is what decides, and it is put back."""
+    engine = load_config([]).engines["llamacpp"]
+    manifest = _artifact(tmp_path / "model", b"weights")
+    out = tmp_path / "raw"
+    out.mkdir()
+    first = _plan(engine, EVAL, manifest, out)
+    first.record_status("ok", "", tasks={"arc_easy": {"acc": 0.5}})
+    recorded = (out / QUALITY_FILE).read_text()
+    (out / QUALITY_FILE).unlink()
+
+    again = _plan(engine, EVAL, manifest, out)
+    assert not again.needed
+    assert (out / QUALITY_FILE).read_text() == recorded
+
+    (out / KEPT_DIR / QUALITY_FILE).unlink()  # no kept copy: scored again, even beside a declared file
+    (out / QUALITY_FILE).write_text(recorded)
+    assert _plan(engine, EVAL, manifest, out).needed
 
 
 def test_a_failed_score_is_tried_again(tmp_path: Path) -> None:

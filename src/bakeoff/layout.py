@@ -20,6 +20,7 @@ else builds an artifact path by hand or reads one by its depth.
       block-{block}.json                    the index of one earlier block's cells (repeats > 1; the last block writes cells.json)
       quality.json, topk.json               its quality scores (lm-eval, canary) and top-k logprobs for KL
       samples.json                          its generations of the fixed prompt set
+      kept/{quality,samples}.json           the copies a rerun reuses (Snakemake deletes a job's declared outputs first)
   results/kernel/{model}/{format}-fa{fa}.json   llama-bench pp512/tg128 of one GGUF, fa = the server's on|off|auto
   results/summary.csv                   one row per cell (every sweep point), quality columns joined per variant
   results/baselines.json                each engine's 16-bit variant and its ok cells (the run fails without any)
@@ -53,6 +54,9 @@ TOPK_FILE = "topk.json"
 SAMPLES_FILE = "samples.json"
 SERVER_LOG = "server.log"
 EVAL_SERVER_LOG = "eval-server.log"
+# Snakemake removes a job's declared outputs before it runs, so what a rerun may reuse (quality, samples)
+# is also kept here, undeclared, and restored from it.
+KEPT_DIR = "kept"
 LIBLLAMA = "lib/libllama.so"  # inside a toolchain directory
 BINDING_SITE = "site"  # inside a llama-cpp-python directory: the installed package
 SOURCE_ARCHIVE = "source.tar.gz"  # inside the llama.cpp source directory

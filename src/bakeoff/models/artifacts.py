@@ -9,10 +9,13 @@ manifest is written; on failure the staging directory is removed.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
+
+from bakeoff.layout import KEPT_DIR
 
 
 @contextlib.contextmanager
@@ -48,3 +51,24 @@ def atomic_write_text(path: Path, text: str) -> None:
         tmp.replace(path)
     finally:
         tmp.unlink(missing_ok=True)
+
+
+def _kept(path: Path) -> Path:
+    return path.parent / KEPT_DIR / path.name
+
+
+def write_kept(path: Path, text: str) -> None:
+    """Write a declared output and the undeclared copy a rerun reuses (Snakemake deletes the declared one first)."""
+    atomic_write_text(_kept(Path(path)), text)
+    atomic_write_text(Path(path), text)
+
+
+def read_kept(path: Path) -> dict | None:
+    """The JSON record kept for ``path`` by :func:`write_kept`, or None."""
+    kept = _kept(Path(path))
+    return json.loads(kept.read_text()) if kept.exists() else None
+
+
+def restore_kept(path: Path) -> None:
+    """Put the kept copy back at ``path``: the output of a rerun that reused it."""
+    atomic_write_text(Path(path), _kept(Path(path)).read_text())

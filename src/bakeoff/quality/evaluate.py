@@ -25,7 +25,7 @@ from typing import Any
 
 from bakeoff.config.schema import EvalCfg
 from bakeoff.layout import QUALITY_FILE, TOPK_FILE
-from bakeoff.models.artifacts import atomic_write_text
+from bakeoff.models.artifacts import atomic_write_text, read_kept, write_kept
 from bakeoff.quality import canary, lmeval, localdata, topk
 
 
@@ -37,15 +37,13 @@ def eval_hash(eval_cfg: EvalCfg, route: dict[str, Any], artifact_sha: str | None
 
 
 def reusable(out_dir: Path, digest: str) -> bool:
-    p = out_dir / QUALITY_FILE
-    if not p.exists():
-        return False
-    prev = json.loads(p.read_text())
-    return prev.get("eval_hash") == digest and prev.get("status") in ("ok", "unsupported", "skipped")
+    """A kept score made with these inputs stands (a failure is tried again)."""
+    prev = read_kept(out_dir / QUALITY_FILE)
+    return prev is not None and prev.get("eval_hash") == digest and prev.get("status") in ("ok", "unsupported", "skipped")
 
 
 def write(out_dir: Path, record: dict[str, Any]) -> dict[str, Any]:
-    atomic_write_text(out_dir / QUALITY_FILE, json.dumps(record, indent=2, default=str) + "\n")
+    write_kept(out_dir / QUALITY_FILE, json.dumps(record, indent=2, default=str) + "\n")
     return record
 
 

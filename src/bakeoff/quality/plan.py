@@ -9,6 +9,7 @@ Every outcome, a skip included, is written through ``record_status``.
 from __future__ import annotations
 
 import json
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -17,7 +18,8 @@ from bakeoff.config.schema import EngineCfg, EvalCfg
 from bakeoff.engines import ServerSpec
 from bakeoff.engines.session import Session
 from bakeoff.errors import BakeoffError
-from bakeoff.layout import EVAL_SERVER_LOG
+from bakeoff.layout import EVAL_SERVER_LOG, QUALITY_FILE
+from bakeoff.models.artifacts import restore_kept
 from bakeoff.quality import evaluate
 from bakeoff.quality.canary import CanaryError
 
@@ -43,6 +45,9 @@ class QualityPlan:
         skip = ("synthetic weights: quality is not meaningful" if synthetic
                 else "" if eval_cfg.tasks else "no eval.tasks configured")
         needed = not evaluate.reusable(out_dir, digest)
+        if not needed:
+            restore_kept(out_dir / QUALITY_FILE)
+            print(f"quality: reusing {QUALITY_FILE} (eval_hash {digest})", file=sys.stderr, flush=True)
         plan = cls(engine_cfg, eval_cfg, out_dir, digest, needed and not skip, skip, eval_toolchain_dir)
         if needed and skip:
             plan.record_status("skipped", skip)

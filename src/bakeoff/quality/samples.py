@@ -16,6 +16,7 @@ from typing import Any
 import requests
 
 from bakeoff.config.schema import SamplesCfg
+from bakeoff.models.artifacts import read_kept
 
 
 def samples_hash(cells_hash: str, cfg: SamplesCfg) -> str:
@@ -24,8 +25,9 @@ def samples_hash(cells_hash: str, cfg: SamplesCfg) -> str:
 
 
 def made_with(path: Path, digest: str) -> bool:
-    """``path`` holds samples made with these inputs (a failed attempt records no hash, so it is retried)."""
-    return path.exists() and json.loads(path.read_text()).get("samples_hash") == digest
+    """Samples made with these inputs are kept for ``path`` (a failed attempt records no hash, so it is retried)."""
+    kept = read_kept(path)
+    return kept is not None and kept.get("samples_hash") == digest
 
 
 def generate(base_url: str, model: str, prompts: list[str], max_tokens: int, api_key: str | None = None,

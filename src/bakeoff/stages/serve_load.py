@@ -61,7 +61,7 @@ from bakeoff.loadgen.cellwindow import MeasuredWindow
 from bakeoff.loadgen.metrics import summarize
 from bakeoff.loadgen.prompts import make_prompts
 from bakeoff.loadgen.runner import run_cell
-from bakeoff.models.artifacts import atomic_write_text
+from bakeoff.models.artifacts import atomic_write_text, restore_kept, write_kept
 from bakeoff.models.manifest import verify
 from bakeoff.quality import lmeval
 from bakeoff.quality.plan import QualityPlan
@@ -73,6 +73,10 @@ __all__ = ["ServeJob", "run"]
 
 def _write_json(path: Path, data: Any) -> None:
     atomic_write_text(path, json.dumps(data, indent=2, default=str) + "\n")
+
+
+def _write_kept_json(path: Path, data: Any) -> None:
+    write_kept(path, json.dumps(data, indent=2, default=str) + "\n")
 
 
 def _write_jsonl(path: Path, rows: list[dict]) -> None:
@@ -152,6 +156,8 @@ def _run(job: ServeJob, out: Path | None = None) -> dict[str, Any]:
         lmeval.check_tasks(eval_cfg.tasks)  # an unknown task fails now, not after minutes of load tests
     samples_digest = samples_hash(base["spec_hash"], eval_cfg.samples)
     need_samples = not made_with(out_dir / SAMPLES_FILE, samples_digest)
+    if not need_samples:
+        restore_kept(out_dir / SAMPLES_FILE)
     start_status = ("ok", "")
     try:
         if pending or quality.on_load_server or (need_samples and eval_cfg.samples.prompts):
@@ -159,7 +165,7 @@ def _run(job: ServeJob, out: Path | None = None) -> dict[str, Any]:
             engine = session.engine
             up = start_status[0] == "ok" and engine is not None and engine.alive()
             if up and need_samples and engine is not None:
-                _write_json(out_dir / SAMPLES_FILE, {"samples_hash": samples_digest, "variant": variant,
+                _write_kept_json(out_dir / SAMPLES_FILE, {"samples_hash": samples_digest, "variant": variant,
                                                      "samples": generate(engine.base_url, job.model,
                                                                          eval_cfg.samples.prompts,
                                                                          eval_cfg.samples.max_tokens,
@@ -172,7 +178,7 @@ def _run(job: ServeJob, out: Path | None = None) -> dict[str, Any]:
     if need_samples:  # no prompts configured, or the server could not serve them
         reason = "" if not eval_cfg.samples.prompts else f"{start_status[0]}: {start_status[1]}"
         final = not reason or start_status[0] == "unsupported"  # a failure is retried next run; unsupported is a result
-        _write_json(out_dir / SAMPLES_FILE, {"samples_hash": samples_digest if final else None,
+        _write_kept_json(out_dir / SAMPLES_FILE, {"samples_hash": samples_digest if final else None,
                                              "variant": variant, "samples": [], "reason": reason})
     if quality.needed and not quality.on_load_server:
         unsupported = [c for c in cells if json.loads((out_dir / f"{c.name}.json").read_text())["status"] == "unsupported"]
