@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from bakeoff.config.compose import load_config
+from bakeoff.errors import BakeoffError
 from bakeoff.models.manifest import read_manifest, sha256_file, verify
 
 from conftest import ROOT, bakeoff, snakemake
@@ -55,9 +56,12 @@ def test_embedded_file_not_matching_pinned_sha256_is_refused(tmp_path: Path) -> 
     assert _leftovers(tmp_path) == []
 
 
-def _hub_spec(repo: str = "local/smollm2", revision: str = "main") -> str:
+COMMIT = "0123456789abcdef0123456789abcdef01234567"
+
+
+def _hub_spec(repo: str = "local/smollm2", revision: str = COMMIT, files_sha256: dict | None = None) -> str:
     spec = load_config(["model=deepseek_r1_distill_qwen_7b"]).model.model_dump()
-    spec.update(name="hubtest", repo_id=repo, revision=revision)
+    spec.update(name="hubtest", repo_id=repo, revision=revision, files_sha256=files_sha256 or {})
     return json.dumps(spec)
 
 
@@ -65,14 +69,14 @@ def test_hub_offline_without_cache_says_so(tmp_path: Path) -> None:
     out = tmp_path / "models" / "hubtest" / "source"
     env = {"HF_HUB_OFFLINE": "1", "HF_HUB_CACHE": str(tmp_path / "empty-cache"), "HF_TOKEN": "hf_secret_do_not_print"}
     proc = bakeoff("stage", "fetch-model", "--spec", _hub_spec(), "--out", str(out), env=env)
-    _assert_clean_failure(proc, "HF_HUB_OFFLINE", "local/smollm2@main")
+    _assert_clean_failure(proc, "HF_HUB_OFFLINE", f"local/smollm2@{COMMIT}")
     assert "hf_secret_do_not_print" not in proc.stdout + proc.stderr
     assert _leftovers(out.parent) == []
 
 
 def _make_hub_cache(cache: Path, src: Path, repo: str = "local/smollm2") -> str:
-    """Lay out a real huggingface_hub cache entry holding the embedded fp16 checkpoint."""
-    commit = "0123456789abcdef0123456789abcdef01234567"
+    """Lay out a real huggingface_hub cache entry holding ``src``'s files (a checkpoint)."""
+    commit = COMMIT
     entry = cache / f"models--{repo.replace('/', '--')}"
     snap = entry / "snapshots" / commit
     snap.mkdir(parents=True)
@@ -84,6 +88,33 @@ def _make_hub_cache(cache: Path, src: Path, repo: str = "local/smollm2") -> str:
     return commit
 
 
+def test_a_hub_file_with_other_bytes_than_pinned_fails_and_leaves_nothing(tmp_path: Path) -> None:
+    src = tmp_path / "checkpoint"
+    src.mkdir()
+    (src / "config.json").write_text('{"model_type": "llama"}')
+    (src / "tokenizer.json").write_text("{}")
+    _make_hub_cache(tmp_path / "cache", src)
+    out = tmp_path / "models" / "hubtest" / "source"
+    env = {"HF_HUB_OFFLINE": "1", "HF_HUB_CACHE": str(tmp_path / "cache")}
+    right = sha256_file(src / "tokenizer.json")
+    proc = bakeoff("stage", "fetch-model", "--spec", _hub_spec(files_sha256={"tokenizer.json": "0" * 64}),
+                   "--out", str(out), env=env)
+    _assert_clean_failure(proc, f"tokenizer.json at local/smollm2@{COMMIT} has sha256 {right}", "not the pinned 000")
+    assert _leftovers(out.parent) == []
+    proc = bakeoff("stage", "fetch-model", "--spec", _hub_spec(files_sha256={"weights.safetensors": right}),
+                   "--out", str(out), env=env)
+    _assert_clean_failure(proc, "has no weights.safetensors, which model.files_sha256 pins")
+    proc = bakeoff("stage", "fetch-model", "--spec", _hub_spec(files_sha256={"tokenizer.json": right}),
+                   "--out", str(out), env=env)
+    assert proc.returncode == 0, proc.stderr
+    assert {f["path"]: f["sha256"] for f in verify(out)["files"]}["tokenizer.json"] == right
+
+
+def test_a_hub_model_at_a_branch_is_refused() -> None:
+    with pytest.raises(BakeoffError, match="not a commit sha .* a branch or tag can move"):
+        load_config(["model=deepseek_r1_distill_qwen_7b", "model.revision=main"])
+
+
 @pytest.mark.slow
 def test_hub_source_from_local_cache_records_commit_and_hashes(models: Path, tmp_path: Path) -> None:
     """The real huggingface_hub download path, fed from a local cache (no hub here)."""
@@ -93,7 +124,7 @@ def test_hub_source_from_local_cache_records_commit_and_hashes(models: Path, tmp
     proc = bakeoff("stage", "fetch-model", "--spec", _hub_spec(), "--out", str(out), env=env)
     assert proc.returncode == 0, proc.stderr
     m = verify(out)
-    assert m["source"] == {"kind": "hub", "repo_id": "local/smollm2", "revision": "main", "commit": commit,
+    assert m["source"] == {"kind": "hub", "repo_id": "local/smollm2", "revision": commit, "commit": commit,
                            "upstream": "deepseek-ai/DeepSeek-R1-Distill-Qwen-7B"}
     theirs = {f["path"]: f["sha256"] for f in read_manifest(models / "fp16")["files"]}
     ours = {f["path"]: f["sha256"] for f in m["files"]}

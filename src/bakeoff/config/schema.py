@@ -9,7 +9,8 @@ suit its engine, a prompt must fit the context) live here, next to the types.
 from __future__ import annotations
 
 import ipaddress
-from typing import Any, Literal
+import re
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, PositiveFloat, PositiveInt, model_validator
 
@@ -39,12 +40,17 @@ class ModelCfg(_Strict):
     upstream: str | None = None
     repo_id: str | None = None
     revision: str | None = None
+    # Hub files and the sha256 each must have at ``revision``: a download that yields other bytes fails.
+    files_sha256: dict[str, Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]] = {}
     max_context: PositiveInt
 
     @model_validator(mode="after")
     def _source_fields(self) -> ModelCfg:
         if self.source == "hub" and not (self.repo_id and self.revision):
             raise ValueError("model.source=hub needs model.repo_id and model.revision")
+        if self.source == "hub" and not re.fullmatch(r"[0-9a-f]{40}", self.revision or ""):
+            raise ValueError(f"model.revision={self.revision!r} is not a commit sha (40 hex digits): a branch or tag "
+                             f"can move, so the download would not be pinned. Use the commit it points at.")
         if self.source == "embedded" and self.embedded is None:
             raise ValueError("model.source=embedded needs model.embedded (package, version, file)")
         if self.source == "synthetic" and self.synthetic is None:

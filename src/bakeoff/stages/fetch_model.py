@@ -96,6 +96,14 @@ def fetch_hub(model: ModelCfg, stage: Path, cache_dir: Path | None = None) -> di
     for f in sorted(snap.rglob("*")):
         if f.is_file() or (f.is_symlink() and f.resolve().is_file()):
             _link_or_copy(f, stage / f.relative_to(snap))
+    for name, pinned in sorted(model.files_sha256.items()):
+        path = stage / name
+        if not path.is_file():
+            raise ModelSourceError(f"model {model.name!r}: {model.repo_id}@{commit} has no {name}, "
+                                   f"which model.files_sha256 pins")
+        if (digest := sha256_file(path)) != pinned:
+            raise ModelSourceError(f"model {model.name!r}: {name} at {model.repo_id}@{commit} has sha256 {digest}, "
+                                   f"not the pinned {pinned}")
     return {
         "source": {"kind": "hub", "repo_id": model.repo_id, "revision": model.revision, "commit": commit,
                    "upstream": model.upstream},
