@@ -261,3 +261,26 @@ def test_changed_settings_rerun_cells_instead_of_reusing_them(models: Path, tmp_
     changed = serve_load.run(ServeJob(load=load, out_dir=out, **v))["cells"][0]
     assert changed["started_utc"] != first["started_utc"]
     assert changed["engine_settings"]["parallel"] == 2
+
+
+def test_every_llamacpp_row_records_the_slot_context_the_server_set(summary: list[dict]) -> None:
+    settings = load_config(["experiment=ci"]).engines["llamacpp"].settings
+    for r in summary:
+        if r["engine"] == "llamacpp" and r["status"] == "ok":
+            assert int(r["slot_ctx"]) == settings["ctx_size"] // settings["parallel"], r
+            assert "capped" not in r["load_note"]
+
+
+def test_a_slot_capped_at_the_training_context_is_read_and_said(models: Path, tmp_path: Path) -> None:
+    """SmolLM2 was trained at 8192 tokens: llama-server cuts 2 slots of 12288 to 8192 each, and says so only in its log."""
+    cfg = load_config([])
+    engine_cfg = cfg.engines["llamacpp"].model_copy(update={"settings": {"ctx_size": 24576, "parallel": 2}})
+    spec = ServerSpec(engine=engine_cfg, hardware=cfg.hardware, model_dir=models / "q8_0", served_name="smol",
+                      log_path=tmp_path / "server.log", toolchain_dir=next((ROOT / "build" / "llamacpp").glob("*-cpu")))
+    with get_engine("llamacpp")(spec) as engine:
+        engine.ready(120)
+        facts, notes = engine.started_facts()
+    assert facts == {"slot_ctx": 8192}
+    assert notes == ["llama-server capped each of its 2 slots at 8192 tokens (the model's training context is 8192), "
+                     "not ctx_size/parallel = 12288: KV occupancy is of 2 x 8192 tokens"]
+    assert "exceeds the training context of the model" in (tmp_path / "server.log").read_text()

@@ -240,6 +240,13 @@ class Engine(abc.ABC):
         """Weight bytes the engine reads per decoded token: the checkpoint's, unless it upcasts them."""
         return manifest.get("weight_bytes")
 
+    def started_facts(self) -> tuple[dict[str, Any], list[str]]:
+        """What the running server set up where it may differ from what was asked: columns, and notes saying how.
+
+        Asked once per server start, after it is ready; every cell on that start records them.
+        """
+        return {}, []
+
     def refusal_before_start(self) -> str | None:
         """The engine's own refusal of this variant, shown faster than a server start can (None: start it)."""
         return None

@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+import requests
+
 from bakeoff.config.schema import HardwareCfg
 from bakeoff.engines.base import Engine, register
 from bakeoff.engines.flags import settings_to_flags
@@ -73,6 +75,28 @@ class LlamaCppEngine(Engine):
         m = read_manifest(self.spec.toolchain_dir) if self.spec.toolchain_dir else {}
         return {"engine": "llamacpp", "engine_version": f"llama.cpp@{m.get('commit', '?')}",
                 "llamacpp_build": m.get("backend", "?")}
+
+    def started_facts(self) -> tuple[dict[str, Any], list[str]]:
+        """The context of one slot as llama-server set it (``/v1/models``' meta), which caps ``ctx_size / parallel``
+        at the model's training context (``n_ctx_slot`` in its server). The KV occupancy (``/slots``) is of
+        these slots, and a prompt longer than one is cut, so a capped slot is said in every cell's note."""
+        headers = {"Authorization": f"Bearer {self.spec.engine.api_key}"} if self.spec.engine.api_key else {}
+        try:
+            r = requests.get(f"{self.base_url}/v1/models", headers=headers, timeout=10)
+            r.raise_for_status()
+            meta = r.json()["data"][0]["meta"]
+            slot, train = int(meta["n_ctx"]), int(meta["n_ctx_train"])
+        except (requests.RequestException, KeyError, IndexError, TypeError, ValueError) as e:
+            return {"slot_ctx": None}, [f"slot context not read from /v1/models: {type(e).__name__}"]
+        settings = self.spec.engine.settings
+        parallel = max(1, int(settings.get("parallel") or 1))
+        asked = int(settings["ctx_size"]) // parallel if settings.get("ctx_size") else None
+        notes = []
+        if asked is not None and slot < asked:
+            notes.append(f"llama-server capped each of its {parallel} slots at {slot} tokens (the model's training "
+                         f"context is {train}), not ctx_size/parallel = {asked}: KV occupancy is of {parallel} x "
+                         f"{slot} tokens")
+        return {"slot_ctx": slot}, notes
 
     def capabilities(self) -> dict[str, Any]:
         # llama-server ignores `echo` and returns logprobs only for generated tokens (checked by the canary).

@@ -90,6 +90,8 @@ class Session:
         self.engine: Engine | None = None
         self.startup_s: float | None = None
         self.starts = 0  # server starts so far; each cell records the one it ran on (``server_start``)
+        self.facts: dict[str, Any] = {}  # what the running server set up (Engine.started_facts)
+        self.notes: list[str] = []
 
     def start(self) -> tuple[str, str]:
         """Start and wait; returns ("ok", "") or (status, reason)."""
@@ -108,6 +110,7 @@ class Session:
             return "failed", f"could not start the server: {type(e).__name__}: {e}"
         try:
             self.startup_s = self.engine.ready()
+            self.facts, self.notes = self.engine.started_facts()
             return "ok", ""
         except ServerStartError as e:
             reason = self.engine.failure_reason()

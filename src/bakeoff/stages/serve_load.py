@@ -242,7 +242,7 @@ def _run_pending(job: ServeJob, session: Session, pending: list[Cell], base: dic
         t_end = time.time()
         metrics = summarize(res.records, res.duration_s, job.slos_ms, concurrency=cell.concurrency)
         telemetry = window.columns(metrics["total_output_tokens"])
-        notes = [base["load_note"], cell_note(load, cell.concurrency)]
+        notes = [base["load_note"], cell_note(load, cell.concurrency), *session.notes]
         steady, vllm_def = metrics.get("steady_output_throughput"), metrics.get("output_throughput")
         if steady and vllm_def and abs(steady / vllm_def - 1.0) > STEADY_GAP:
             notes.append(f"steady-state output {steady:.1f} tok/s differs from output_throughput {vllm_def:.1f} by "
@@ -266,5 +266,5 @@ def _run_pending(job: ServeJob, session: Session, pending: list[Cell], base: dic
                      "node_id": node_id(telemetry.get("gpu_uuids")),
                      "memory_source": engine.memory_source(),
                      "peak_gpu_bytes": mem.peak_gpu, **telemetry, "started_utc": t_cell,
-                     "ended_utc": t_end, "server_start": session.starts})
+                     "ended_utc": t_end, "server_start": session.starts, **session.facts})
     return "ok", ""
