@@ -9,6 +9,7 @@ import signal
 import threading
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import psutil
 import pytest
@@ -284,3 +285,56 @@ def test_a_slot_capped_at_the_training_context_is_read_and_said(models: Path, tm
     assert notes == ["llama-server capped each of its 2 slots at 8192 tokens (the model's training context is 8192), "
                      "not ctx_size/parallel = 12288: KV occupancy is of 2 x 8192 tokens"]
     assert "exceeds the training context of the model" in (tmp_path / "server.log").read_text()
+
+
+class _MeteredNvml:
+    """Hand-written NVML stand-in for one GPU drawing a constant 250 W: its energy counter follows the clock.
+
+    The thing under test is serve_load's wiring of the measured window (warm-up outside it, the energy
+    divided by the cell's output tokens), with a real server and client; this machine has no GPU to meter.
+    """
+
+    WATTS = 250
+
+    def nvmlDeviceGetCount(self) -> int:  # noqa: N802 (NVML's names)
+        return 1
+
+    def nvmlDeviceGetHandleByIndex(self, i: int) -> str:  # noqa: N802
+        return "GPU-metered"
+
+    def nvmlDeviceGetUUID(self, h: str) -> str:  # noqa: N802
+        return h
+
+    def nvmlDeviceGetHandleByUUID(self, u: str) -> str:  # noqa: N802
+        return u
+
+    def nvmlDeviceGetEnforcedPowerLimit(self, h: str) -> int:  # noqa: N802
+        return 700_000
+
+    def nvmlDeviceGetMemoryInfo(self, h: str) -> SimpleNamespace:  # noqa: N802
+        return SimpleNamespace(used=10**9)
+
+    def nvmlDeviceGetUtilizationRates(self, h: str) -> SimpleNamespace:  # noqa: N802
+        return SimpleNamespace(gpu=50)
+
+    def nvmlDeviceGetPowerUsage(self, h: str) -> int:  # noqa: N802
+        return self.WATTS * 1000
+
+    def nvmlDeviceGetTotalEnergyConsumption(self, h: str) -> int:  # noqa: N802
+        return int(time.monotonic() * self.WATTS * 1000)  # mJ
+
+
+def test_energy_covers_the_measured_requests_only(models: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from bakeoff.hardware import telemetry
+    from bakeoff.loadgen.cellwindow import MeasuredWindow
+
+    monkeypatch.setattr(telemetry, "_nvml", _MeteredNvml)
+    monkeypatch.setattr(serve_load, "MeasuredWindow", lambda engine, gpu: MeasuredWindow(engine, gpu=True))
+    load = _small_load(concurrency=[1], num_requests=3, warmup_requests=6, output_len=32)
+    cell = serve_load.run(ServeJob(load=load, out_dir=tmp_path / "raw", **_llama_variant(models, tmp_path)))["cells"][0]
+    assert cell["status"] == "ok" and cell["warmup_requests"] == 6 and cell["energy_source"] == "nvml_total_energy_counter"
+    measured_s = cell["duration_s"]
+    assert cell["ended_utc"] - cell["started_utc"] > 2 * measured_s  # the warm-ups took longer than the measured requests
+    assert cell["energy_j"] / _MeteredNvml.WATTS == pytest.approx(measured_s, rel=0.05, abs=0.1)
+    assert cell["joules_per_output_token"] == pytest.approx(cell["energy_j"] / cell["total_output_tokens"])
+    assert cell["gpu_uuids"] == ["GPU-metered"] and cell["avg_power_w"] == pytest.approx(_MeteredNvml.WATTS, rel=0.01)
