@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import csv
 import json
+import statistics
 from collections import defaultdict
 from collections.abc import Iterable
 from pathlib import Path
@@ -72,21 +73,37 @@ def _save(fig: Any, out: Path) -> None:
     plt.close(fig)
 
 
-def throughput_vs_concurrency(rows: list[dict[str, str]], out: Path) -> None:
+def throughput_figure(rows: list[dict[str, str]]) -> Any:
+    """Output tok/s against concurrency, one panel per prompt length: the median of a cell's repeats, with
+    bars from their lowest to their highest (no bar with one repeat)."""
     prompts = sorted({int(r["prompt_len"]) for r in rows if r.get("prompt_len")}) or [0]
     fig, axes = plt.subplots(1, len(prompts), figsize=(6 * len(prompts), 4.5), squeeze=False)
     for ax, p in zip(axes[0], prompts, strict=True):
-        series: dict[str, list[tuple[int, float]]] = defaultdict(list)
+        cells: dict[str, dict[int, list[float]]] = defaultdict(lambda: defaultdict(list))
         for r in _ok(rows):
             if int(r["prompt_len"]) == p and (y := num(r.get("output_throughput"))) is not None:
-                series[variant(r)].append((int(r["concurrency"]), y))
-        if not series:
+                cells[variant(r)][int(r["concurrency"])].append(y)
+        if not cells:
             _empty(ax, f"no successful cells at prompt {p}")
             continue
-        _lines_vs_concurrency(ax, series, "output tokens/s (aggregate)", legend_size=8)
+        for name, by_c in sorted(cells.items()):
+            cs = sorted(by_c)
+            mid = [statistics.median(by_c[c]) for c in cs]
+            err = [[m - min(by_c[c]) for c, m in zip(cs, mid, strict=True)],
+                   [max(by_c[c]) - m for c, m in zip(cs, mid, strict=True)]]
+            ax.errorbar(cs, mid, yerr=err, marker="o", capsize=3, label=name)
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("concurrency")
+        ax.set_ylabel("output tokens/s (aggregate; median, bars: repeats' range)")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
         ax.set_title(f"prompt {p} tokens")
     fig.suptitle("Output throughput vs concurrency, per variant")
-    _save(fig, out)
+    return fig
+
+
+def throughput_vs_concurrency(rows: list[dict[str, str]], out: Path) -> None:
+    _save(throughput_figure(rows), out)
 
 
 def request_latencies(jsonl: Path) -> tuple[list[float], list[float]]:
