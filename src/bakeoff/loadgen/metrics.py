@@ -58,6 +58,8 @@ from typing import Any
 
 import numpy as np
 
+from bakeoff.loadgen.bootstrap import STATS, ci_key, percentile_ci
+
 PERCENTILES = (90, 99)
 STAT_METRICS = ("ttft", "tpot", "itl", "e2el")
 THROUGHPUT_METRICS = ("output_throughput", "request_throughput", "total_token_throughput", "duration_s")
@@ -65,6 +67,8 @@ SERVER_TPOT, SERVER_PROMPT = "server_median_tpot_ms", "server_median_prompt_ms"
 SERVER_METRICS = (SERVER_TPOT, SERVER_PROMPT)
 GOODPUT = "request_goodput"
 STEADY_METRICS = ("steady_output_throughput", "ramp_s", "tail_s", "tail_share")
+# Per-request bootstrap intervals (bakeoff.loadgen.bootstrap) of these statistics of these latencies.
+CI_METRICS = tuple(ci_key(s, m, end) for m in ("ttft", "tpot", "itl") for s in STATS for end in ("lo", "hi"))
 
 
 def stat_key(stat: str, metric: str) -> str:
@@ -75,7 +79,7 @@ def stat_key(stat: str, metric: str) -> str:
 # What a summary row carries of each cell's metrics, in the summary's column order: throughput, the median
 # and p99 of every latency, the two means vLLM prints first, goodput. The summary's columns start from this.
 SUMMARY_METRICS = (*THROUGHPUT_METRICS, *(stat_key(s, m) for m in STAT_METRICS for s in ("median", "p99")),
-                   stat_key("mean", "ttft"), stat_key("mean", "tpot"), GOODPUT, *STEADY_METRICS)
+                   stat_key("mean", "ttft"), stat_key("mean", "tpot"), GOODPUT, *STEADY_METRICS, *CI_METRICS)
 
 
 @dataclass
@@ -173,6 +177,12 @@ def summarize(records: list[RequestRecord], duration_s: float, slos_ms: dict[str
     }
     for name in STAT_METRICS:
         res.update(_stats(name, per[name]))
+    by_request = {"ttft": [[v] for v in per["ttft"]], "tpot": [[v] for v in per["tpot"]], "itl": [r.itl for r in ok]}
+    for name, groups in by_request.items():
+        for stat, q in STATS.items():
+            ci = percentile_ci(groups, q)
+            res[ci_key(stat, name, "lo")], res[ci_key(stat, name, "hi")] = (None, None) if ci is None else (
+                1000.0 * ci[0], 1000.0 * ci[1])
     server_tpot = [r.server_tpot_ms for r in ok if r.server_tpot_ms is not None]
     server_prompt = [r.server_prompt_ms for r in ok if r.server_prompt_ms is not None]
     res[SERVER_TPOT] = float(np.median(server_tpot)) if server_tpot else None
