@@ -21,17 +21,21 @@ from aiohttp import web
 
 
 async def _completions(request: web.Request) -> web.StreamResponse:
-    delay_s = request.app[TOKEN_DELAY]
+    a = request.app
     body = await request.json()
     n = int(body.get("max_tokens") or 16)
     resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
     await resp.prepare(request)
     chunk = b"data: " + orjson.dumps({"id": "x", "object": "text_completion", "model": body.get("model"),
                                        "choices": [{"index": 0, "text": " t", "finish_reason": None}]}) + b"\n\n"
-    for _ in range(n):  # one serialized chunk, sent n times: the server's cost per token stays tiny
-        await resp.write(chunk)
-        if delay_s:
-            await asyncio.sleep(delay_s)
+    a[ACTIVE][0] += 1
+    try:
+        for _ in range(n):  # one serialized chunk, sent n times: the server's cost per token stays tiny
+            await resp.write(chunk)
+            if delay_s := a[TOKEN_DELAY] + a[SLOT_DELAY] * a[ACTIVE][0]:
+                await asyncio.sleep(delay_s)
+    finally:
+        a[ACTIVE][0] -= 1
     usage = {"prompt_tokens": len(str(body.get("prompt", "")).split()), "completion_tokens": n,
              "total_tokens": n}
     await resp.write(b"data: " + orjson.dumps({"choices": [], "usage": usage}) + b"\n\n")
@@ -45,13 +49,18 @@ async def _health(_request: web.Request) -> web.Response:
 
 
 TOKEN_DELAY = web.AppKey("token_delay_s", float)
+SLOT_DELAY = web.AppKey("slot_delay_s", float)
+ACTIVE = web.AppKey("active", list)
 
 
-def app(token_delay_s: float = 0.0, middlewares: Sequence[Any] = ()) -> web.Application:
-    """``token_delay_s``: the server's time per output token (0: as fast as the client reads); ``middlewares``
-    see every request first (a test counts what arrives, and when)."""
+def app(token_delay_s: float = 0.0, middlewares: Sequence[Any] = (), slot_delay_s: float = 0.0) -> web.Application:
+    """``token_delay_s``: the server's time per output token (0: as fast as the client reads); ``slot_delay_s``:
+    added to it per request being served, so TPOT grows with load in a known way (token_delay + slot_delay x
+    requests streaming); ``middlewares`` see every request first (a test counts what arrives, and when)."""
     a = web.Application(middlewares=list(middlewares))
     a[TOKEN_DELAY] = token_delay_s
+    a[SLOT_DELAY] = slot_delay_s
+    a[ACTIVE] = [0]
     a.router.add_post("/v1/completions", _completions)
     a.router.add_get("/health", _health)
     return a
@@ -85,8 +94,10 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, required=True)
     p.add_argument("--token-delay-ms", type=float, default=0.0)
+    p.add_argument("--slot-delay-ms", type=float, default=0.0)
     a = p.parse_args(argv)
-    web.run_app(app(a.token_delay_ms / 1000.0), host=a.host, port=a.port, access_log=None, print=None)
+    web.run_app(app(a.token_delay_ms / 1000.0, slot_delay_s=a.slot_delay_ms / 1000.0), host=a.host, port=a.port,
+                access_log=None, print=None)
 
 
 if __name__ == "__main__":

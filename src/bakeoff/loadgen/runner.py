@@ -62,8 +62,12 @@ async def run_cell_async(
     show_progress: bool = True,
     on_measure_start: Callable[[], None] | None = None,
     on_measure_end: Callable[[], None] | None = None,
+    stop_when: Callable[[RequestRecord], bool] | None = None,
 ) -> CellResult:
     """Run warm-up, then the measured requests.
+
+    ``stop_when`` sees each measured request as it completes; once it returns True no further request is
+    sent, those in flight finish, and the result holds only the requests sent (``client["stopped_early"]``).
 
     ``on_measure_start``/``on_measure_end`` run right before the first and right
     after the last measured request (warm-up excluded): per-cell telemetry such
@@ -93,6 +97,8 @@ async def run_cell_async(
         monitor = asyncio.create_task(_lag_monitor(lag, stop))
         sem = asyncio.Semaphore(concurrency)
         done_times: list[float] = []
+        sent: list[int] = []
+        stopped = asyncio.Event()
         progress = Progress(TextColumn(f"[bold]{label}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                             disable=not show_progress, transient=False,
                             console=Console(stderr=True))  # stdout stays the caller's (`bakeoff load` prints JSON)
@@ -105,9 +111,14 @@ async def run_cell_async(
 
             async def one(i: int) -> None:
                 async with sem:
+                    if stopped.is_set():
+                        return
+                    sent.append(i)
                     await send(session, url, model, prompts[i], records[i], t0, temperature, headers, count_tokens)
                     done_times.append(time.perf_counter())
                     progress.advance(task)
+                    if stop_when is not None and stop_when(records[i]):
+                        stopped.set()
 
             if request_rate is None:
                 await asyncio.gather(*(one(i) for i in range(len(prompts))))
@@ -115,6 +126,8 @@ async def run_cell_async(
                 rng = np.random.default_rng(seed)
                 tasks = []
                 for i in range(len(prompts)):
+                    if stopped.is_set():
+                        break
                     tasks.append(asyncio.create_task(one(i)))
                     await asyncio.sleep(float(rng.exponential(1.0 / request_rate)))
                 await asyncio.gather(*tasks)
@@ -124,7 +137,8 @@ async def run_cell_async(
         cpu = _cpu_seconds() - cpu0
         stop.set()
         await monitor
-    first = t0 + min(r.start for r in records)
+    records = [records[i] for i in sorted(sent)]
+    first = t0 + min((r.start for r in records), default=0.0)
     duration = (max(done_times) - first) if done_times else 0.0
     streamed = sum(r.output_tokens for r in records if r.success)
     client = {
@@ -133,6 +147,7 @@ async def run_cell_async(
         "client_loop_lag_p99_ms": float(np.percentile(lag, 99) * 1000.0) if lag else 0.0,
         # The client's CPU time over the measured window's wall time: 1.0 is one core, the most one event loop uses.
         "client_cpu_share": cpu / wall if wall > 0 else float("nan"),
+        "stopped_early": stopped.is_set(),
     }
     client.update(verdict(client))
     return CellResult(records, duration, client)
