@@ -19,6 +19,7 @@ shell.prefix(f"set -euo pipefail; export PATH=\"$PATH\":{shlex.quote(str(Path(sy
 from bakeoff.layout import (
     BASELINES,
     BLOCK,
+    CAPACITY_TABLE,
     CELLS,
     DVC_METRICS,
     GPU_CHECK,

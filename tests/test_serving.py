@@ -20,7 +20,7 @@ from bakeoff.engines import ServerSpec, get_engine
 from bakeoff.errors import BakeoffError
 from bakeoff.models.manifest import read_manifest
 from bakeoff.proc import ServerStartError
-from bakeoff.stages import serve_load
+from bakeoff.stages import measure_cell, serve_load
 from bakeoff.stages.serve_job import ServeJob
 
 from conftest import ROOT, Pipeline, _server_pids, bakeoff
@@ -329,7 +329,7 @@ def test_energy_covers_the_measured_requests_only(models: Path, tmp_path: Path, 
     from bakeoff.loadgen.cellwindow import MeasuredWindow
 
     monkeypatch.setattr(telemetry, "_nvml", _MeteredNvml)
-    monkeypatch.setattr(serve_load, "MeasuredWindow", lambda engine, gpu: MeasuredWindow(engine, gpu=True))
+    monkeypatch.setattr(measure_cell, "MeasuredWindow", lambda engine, gpu: MeasuredWindow(engine, gpu=True))
     load = _small_load(concurrency=[1], num_requests=3, warmup_requests=6, output_len=32)
     cell = serve_load.run(ServeJob(load=load, out_dir=tmp_path / "raw", **_llama_variant(models, tmp_path)))["cells"][0]
     assert cell["status"] == "ok" and cell["warmup_requests"] == 6 and cell["energy_source"] == "nvml_total_energy_counter"

@@ -57,6 +57,10 @@ def _cmd_summary(a: argparse.Namespace) -> None:
 
     columns += [c for c in spread.extend(records) if c not in columns]
     write_csv(Path(a.out), records, columns)
+    if a.capacity_out:
+        from bakeoff.stages.summary import CAPACITY_COLUMNS, capacity_rows
+
+        write_csv(Path(a.capacity_out), capacity_rows([Path(p) for p in a.indexes]), CAPACITY_COLUMNS)
 
 
 def _cmd_node(a: argparse.Namespace) -> None:
@@ -372,6 +376,7 @@ def build_parser() -> argparse.ArgumentParser:
                        help="write results/summary.csv from the variants' cells.json")
     m.add_argument("indexes", nargs="*", help="cells.json of every variant")
     m.add_argument("--out", default="results/summary.csv")
+    m.add_argument("--capacity-out", help="also write results/capacity.csv (the variants' capacity searches)")
     m.add_argument("--config-hash", default="")
     m.add_argument("--points", help="results/config.json (sweep points, bakeoff.config.sweep.points_json): "
                    "adds axis/roofline columns")

@@ -20,9 +20,12 @@ else builds an artifact path by hand or reads one by its depth.
       block-{block}.json                    the index of one earlier block's cells (repeats > 1; the last block writes cells.json)
       quality.json, topk.json               its quality scores (lm-eval, canary) and top-k logprobs for KL
       samples.json                          its generations of the fixed prompt set
+      cap-{slo}-{c|r}{load}-p{prompt}.json[l]   one capacity probe (load.mode: capacity), recorded as a cell
+      capacity.json                         what the variant's capacity searches found (also in cells.json)
       kept/{quality,samples}.json           the copies a rerun reuses (Snakemake deletes a job's declared outputs first)
   results/kernel/{model}/{format}-fa{fa}.json   llama-bench pp512/tg128 of one GGUF, fa = the server's on|off|auto
   results/summary.csv                   one row per cell (every sweep point), quality columns joined per variant
+  results/capacity.csv                  one row per variant, prompt length and SLO: its capacity (load.mode: capacity)
   results/baselines.json                each engine's 16-bit variant and its ok cells (the run fails without any)
   results/samples/{experiment}/{model}.md   every variant's generations, side by side
   results/config.json, versions.json    the invocation's composed config per sweep point; pinned versions
@@ -52,6 +55,7 @@ CELLS_INDEX = "cells.json"  # a variant's index of its cells (what the summary r
 QUALITY_FILE = "quality.json"
 TOPK_FILE = "topk.json"
 SAMPLES_FILE = "samples.json"
+CAPACITY_FILE = "capacity.json"
 SERVER_LOG = "server.log"
 EVAL_SERVER_LOG = "eval-server.log"
 # Snakemake removes a job's declared outputs before it runs, so what a rerun may reuse (quality, samples)
@@ -76,6 +80,7 @@ BLOCK = f"{VARIANT_DIR}/block-{{block}}.json"
 QUALITY = f"{VARIANT_DIR}/{QUALITY_FILE}"
 VARIANT_SAMPLES = f"{VARIANT_DIR}/{SAMPLES_FILE}"
 SUMMARY = "results/summary.csv"
+CAPACITY_TABLE = "results/capacity.csv"
 BASELINES = "results/baselines.json"
 SAMPLES = "results/samples/{experiment}/{model}.md"
 POINTS_FILE = "results/config.json"
@@ -119,14 +124,21 @@ def cell_name(concurrency: Any, prompt_len: Any, repeat: Any = 0) -> str:
     return base if repeat in (None, "", 0, "0") else f"{base}-r{repeat}"
 
 
+def probe_name(slo: str, kind: str, value: float, prompt_len: int) -> str:
+    """A capacity probe's file stem: ``cap-{slo}-c{conc}-p{prompt}`` (closed loop) or ``cap-{slo}-r{rate}-p{prompt}``."""
+    load = f"c{int(value)}" if kind == "concurrency" else f"r{value:.4g}"
+    return f"cap-{slo}-{load}-p{prompt_len}"
+
+
 def is_cell_stem(stem: str) -> bool:
-    """Whether a file stem is a cell name (``c8-p128``, ``c8-p128-r2``), not an index or a log."""
-    return re.fullmatch(r"c\d+-p\d+(-r[1-9]\d*)?", stem) is not None
+    """Whether a file stem is a cell or probe name (``c8-p128``, ``c8-p128-r2``, ``cap-cpu-c4-p32``), not an index
+    or a log."""
+    return re.fullmatch(r"c\d+-p\d+(-r[1-9]\d*)?|cap-[a-z0-9_]+-(c\d+|r[0-9.e+-]+)-p\d+", stem) is not None
 
 
 def row_cell_name(row: Mapping[str, Any]) -> str:
-    """The cell name of a summary row or cell record."""
-    return cell_name(row["concurrency"], row["prompt_len"], row.get("repeat"))
+    """The cell name of a summary row or cell record (a capacity probe's is its own, in ``cell``)."""
+    return row.get("cell") or cell_name(row["concurrency"], row["prompt_len"], row.get("repeat"))
 
 
 def variant_name(engine: str, fmt: str) -> str:

@@ -1,5 +1,6 @@
 # results/summary.csv: one row per cell of the experiment (every sweep point), unsupported ones included,
-# plus sweep axes, roofline and measured/published ratios (bakeoff.results.derived).
+# plus sweep axes, roofline and measured/published ratios (bakeoff.results.derived); results/capacity.csv:
+# the capacity searches' results (load.mode: capacity; a header alone otherwise).
 
 
 rule summary:
@@ -13,7 +14,8 @@ rule summary:
         published="data/published_numbers.yaml",
         kernel=kernel_files(),
     output:
-        SUMMARY,
+        summary=SUMMARY,
+        capacity=CAPACITY_TABLE,
     params:
         config_hash=CONFIG_HASH,
     log:
@@ -22,7 +24,8 @@ rule summary:
         "../../envs/bakeoff.yaml"
     shell:
         "bakeoff summary {input.cells} --config-hash {params.config_hash} --points {input.points}"
-        " --published {input.published} --hardware {input.hardware} --kernel {input.kernel} --out {output} > {log} 2>&1"
+        " --published {input.published} --hardware {input.hardware} --kernel {input.kernel} --out {output.summary}"
+        " --capacity-out {output.capacity} > {log} 2>&1"
 
 
 # The run fails (after writing the summary) when an engine's 16-bit baseline measured nothing.

@@ -14,6 +14,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, PositiveFloat, PositiveInt, model_validator
 
+from bakeoff.config.slo import SLO_PRESETS
 from bakeoff.errors import BakeoffError
 from bakeoff.models.synthetic import Shape
 
@@ -183,6 +184,26 @@ class SloCfg(_Strict):
         return {k: v for k, v in self.model_dump().items() if v is not None}
 
 
+class CapacityCfg(_Strict):
+    """The capacity search (bakeoff.loadgen.capacity states its rules): used when ``load.mode`` is capacity."""
+
+    slo: list[str] = ["server"]  # presets of bakeoff.config.slo.SLO_PRESETS: server, interactive, cpu
+    prompt_len: list[PositiveInt] | None = None  # searched at these prompt lengths (null: every load.prompt_len)
+    min_requests: PositiveInt = 50  # a probe sends max(min_requests, waves x concurrency) measured requests
+    waves: PositiveInt = 4
+    max_probes: PositiveInt = 8  # per search
+    start_concurrency: PositiveInt = 1
+    max_concurrency: PositiveInt = 64
+    rate: bool = True  # also search the open-loop (Poisson) request rate
+    rate_resolution: PositiveFloat = 0.1  # the rate search stops when fail / pass <= 1 + this
+
+    @model_validator(mode="after")
+    def _known_slos(self) -> CapacityCfg:
+        if unknown := [s for s in self.slo if s not in SLO_PRESETS]:
+            raise ValueError(f"load.capacity.slo: unknown preset(s) {unknown}; known: {sorted(SLO_PRESETS)}")
+        return self
+
+
 class LoadCfg(_Strict):
     concurrency: list[PositiveInt] = Field(min_length=1)
     prompt_len: list[PositiveInt] = Field(min_length=1)
@@ -206,6 +227,9 @@ class LoadCfg(_Strict):
     # Requests a cell at one concurrency, over num_requests (e.g. {1: 30} when c=1 cells are slow and time
     # is short). Recorded in each affected row's `load_note`.
     num_requests_by_concurrency: dict[PositiveInt, PositiveInt] = {}
+    # fixed: the cells above; capacity: the cells, then a search for the highest load within each SLO.
+    mode: Literal["fixed", "capacity"] = "fixed"
+    capacity: CapacityCfg = CapacityCfg()
 
     def for_variant(self, engine_load: dict[str, Any], fmt: str) -> tuple[LoadCfg, str]:
         """This load as one variant runs it, and a note when it runs fewer requests than configured."""

@@ -29,30 +29,12 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from bakeoff.config.slo import SLO_PRESETS, Slo
 from bakeoff.loadgen.metrics import RequestRecord
 
+__all__ = ["SLO_PRESETS", "Slo", "EarlyStop", "Search", "Verdict", "judge", "search_concurrency", "search_rate"]
+
 RATE_STEP = 1.5
-
-
-@dataclass(frozen=True)
-class Slo:
-    """p99 bounds, in milliseconds."""
-
-    name: str
-    ttft_ms: float
-    tpot_ms: float
-
-    def bounds(self) -> dict[str, float]:
-        return {"ttft": self.ttft_ms, "tpot": self.tpot_ms}
-
-
-# MLPerf Inference's Llama-3.1-8B latency limits (server and interactive scenarios), and one scaled to
-# what the embedded 135M model on a 2-core CPU can meet at a few concurrent users.
-SLO_PRESETS = {
-    "server": Slo("server", 2000.0, 100.0),
-    "interactive": Slo("interactive", 500.0, 30.0),
-    "cpu": Slo("cpu", 1000.0, 100.0),
-}
 
 
 def violation_limit(n: int) -> int:

@@ -23,10 +23,11 @@ class Cell:
     concurrency: int
     prompt_len: int
     repeat: int
+    label: str = ""  # a capacity probe's own name (bakeoff.layout.probe_name)
 
     @property
     def name(self) -> str:
-        return cell_name(self.concurrency, self.prompt_len, self.repeat)
+        return self.label or cell_name(self.concurrency, self.prompt_len, self.repeat)
 
 
 def cells_of(load: LoadCfg) -> list[Cell]:
@@ -64,9 +65,11 @@ def cell_spec_hash(base: dict, load: LoadCfg) -> str:
     The sweep axes (which concurrencies and prompt lengths run) are left out: a cell is named by its own
     concurrency and prompt length, so narrowing or widening the sweep keeps the cells already made. So are
     the per-format and per-concurrency request maps (a cell's own request count is in its record and
-    checked by :func:`reusable`) and the block seed, which orders the servers, not what a cell sends.
+    checked by :func:`reusable`), the block seed, which orders the servers, not what a cell sends, and the
+    capacity search, which runs after the cells.
     """
-    exclude = {"concurrency", "prompt_len", "num_requests_by_format", "num_requests_by_concurrency", "block_seed"}
+    exclude = {"concurrency", "prompt_len", "num_requests_by_format", "num_requests_by_concurrency", "block_seed",
+               "mode", "capacity"}
     load_spec = load.model_dump(mode="json", exclude=exclude)
     return hashlib.sha256(json.dumps([base, load_spec], sort_keys=True, default=str).encode()).hexdigest()[:16]
 

@@ -52,7 +52,8 @@ def _empty(ax: Any, msg: str) -> None:
 
 
 def _ok(rows: Iterable[dict[str, str]]) -> list[dict[str, str]]:
-    return [r for r in rows if r.get("status") == "ok"]
+    """The fixed cells that succeeded (capacity probes are shown by the report's capacity table)."""
+    return [r for r in rows if r.get("status") == "ok" and not r.get("probe_of")]
 
 
 def _lines_vs_concurrency(ax: Any, series: dict[str, list[tuple[int, float]]], ylabel: str, legend_size: int) -> None:

@@ -46,8 +46,9 @@ VS_REF = ("vs_ref_pct", "vs_ref_ci95_pct", "vs_ref_p", "vs_ref_significant")
 ALPHA = 0.05
 # A group is one cell of the matrix; its rows differ only by repeat.
 # The node is part of the cell: the same cell on two nodes is two groups, never pooled or paired across.
+# A capacity probe (probe_of, slo) is never pooled with the fixed cell at the same load.
 GROUP_KEY = ("experiment", "model", "engine", "format", "hardware", "node_id", "concurrency", "prompt_len",
-             "output_len", "request_rate")
+             "output_len", "request_rate", "probe_of", "slo")
 # The same cell of another variant: everything but engine and format.
 CELL_KEY = tuple(k for k in GROUP_KEY if k not in ("engine", "format"))
 

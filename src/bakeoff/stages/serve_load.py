@@ -33,9 +33,7 @@ the samples each live with their own concern.
 from __future__ import annotations
 
 import json
-import os
 import sys
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -43,8 +41,6 @@ from typing import Any
 from bakeoff.config.schema import LoadCfg
 from bakeoff.engines import ServerSpec, get_engine
 from bakeoff.engines.session import Session, stop_on_signals
-from bakeoff.hardware.fingerprint import node_id
-from bakeoff.hardware.memory import PeakSampler
 from bakeoff.layout import CELLS_INDEX, SAMPLES_FILE, SERVER_LOG, variant_name
 from bakeoff.loadgen.cells import (
     Cell,
@@ -57,34 +53,20 @@ from bakeoff.loadgen.cells import (
     reusable,
     warmup_for,
 )
-from bakeoff.loadgen.cellwindow import MeasuredWindow
-from bakeoff.loadgen.metrics import summarize
-from bakeoff.loadgen.prompts import make_prompts
-from bakeoff.loadgen.runner import run_cell
-from bakeoff.models.artifacts import atomic_write_text, restore_kept, write_kept
+from bakeoff.models.artifacts import restore_kept, write_kept
 from bakeoff.models.manifest import verify
 from bakeoff.quality import lmeval
 from bakeoff.quality.plan import QualityPlan
 from bakeoff.quality.samples import generate, made_with, samples_hash
+from bakeoff.stages import serve_capacity
+from bakeoff.stages.measure_cell import measure, write_json
 from bakeoff.stages.serve_job import ServeJob
 
 __all__ = ["ServeJob", "run"]
 
 
-def _write_json(path: Path, data: Any) -> None:
-    atomic_write_text(path, json.dumps(data, indent=2, default=str) + "\n")
-
-
 def _write_kept_json(path: Path, data: Any) -> None:
     write_kept(path, json.dumps(data, indent=2, default=str) + "\n")
-
-
-def _write_jsonl(path: Path, rows: list[dict]) -> None:
-    atomic_write_text(path, "".join(json.dumps(r) + "\n" for r in rows))
-
-
-# A cell whose steady-state throughput and vLLM-defined throughput differ by more than this says so.
-STEADY_GAP = 0.05
 
 
 def run(job: ServeJob, out: Path | None = None) -> dict[str, Any]:
@@ -159,9 +141,16 @@ def _run(job: ServeJob, out: Path | None = None) -> dict[str, Any]:
     if not need_samples:
         restore_kept(out_dir / SAMPLES_FILE)
     start_status = ("ok", "")
+    last_block = job.block is None or job.block == load.repeats - 1
+    cap_digest = serve_capacity.capacity_hash(base["spec_hash"], load)
+    capacity = serve_capacity.reused(out_dir, cap_digest) if load.mode == "capacity" and last_block else None
+    need_capacity = load.mode == "capacity" and last_block and capacity is None
     try:
-        if pending or quality.on_load_server or (need_samples and eval_cfg.samples.prompts):
+        if pending or quality.on_load_server or (need_samples and eval_cfg.samples.prompts) or need_capacity:
             start_status = _run_pending(job, session, pending, base, load, tokenizer)
+            if need_capacity and start_status[0] == "ok":
+                capacity = serve_capacity.run(job, session, base, load, tokenizer)
+                serve_capacity.write(out_dir, cap_digest, capacity)
             engine = session.engine
             up = start_status[0] == "ok" and engine is not None and engine.alive()
             if up and need_samples and engine is not None:
@@ -186,8 +175,9 @@ def _run(job: ServeJob, out: Path | None = None) -> dict[str, Any]:
             quality.record_status("unsupported", json.loads((out_dir / f"{unsupported[0].name}.json").read_text())["reason"])
         else:
             quality.run_on_eval_server(spec, tokenizer, job.tokenizer_dir, job.model)
-    index = {"variant": base, "cells": [json.loads((out_dir / f"{c.name}.json").read_text()) for c in cells]}
-    _write_json(out or out_dir / CELLS_INDEX, index)
+    index = {"variant": base, "cells": [json.loads((out_dir / f"{c.name}.json").read_text()) for c in cells]
+             + (capacity or {}).get("probes", []), "capacity": (capacity or {}).get("capacity", [])}
+    write_json(out or out_dir / CELLS_INDEX, index)
     return index
 
 
@@ -200,12 +190,11 @@ def _run_pending(job: ServeJob, session: Session, pending: list[Cell], base: dic
     if status != "ok":
         for cell in pending:
             n = requests_for(load, cell.concurrency)
-            _write_json(out_dir / f"{cell.name}.json",
+            write_json(out_dir / f"{cell.name}.json",
                         {**record_base(base, cell, n, versions, None), "status": status, "reason": reason,
                          "completed": 0, "failed": 0})
         print(f"{base['engine']}-{base['format']}: {status}: {reason}", file=sys.stderr)
         return status, reason
-    count_tokens = lambda text: len(tokenizer.encode(text, add_special_tokens=False))  # noqa: E731
     served_repeat: int | None = None  # the repeat this server start has served
     for i, cell in enumerate(pending):
         # A new repeat gets a fresh server, so the spread across repeats includes restart drift.
@@ -217,54 +206,13 @@ def _run_pending(job: ServeJob, session: Session, pending: list[Cell], base: dic
             if status != "ok":
                 for rest in pending[i:]:
                     n = requests_for(load, rest.concurrency)
-                    _write_json(out_dir / f"{rest.name}.json",
+                    write_json(out_dir / f"{rest.name}.json",
                                 {**record_base(base, rest, n, versions, None), "status": "failed",
                                  "reason": f"server restart failed: {reason}", "completed": 0, "failed": n})
                 return status, reason
         served_repeat = cell.repeat
         n, n_warm = requests_for(load, cell.concurrency), warmup_for(load, cell.concurrency)
         seed = hash((cell.concurrency, cell.prompt_len, cell.repeat)) & 0xFFFF_FFFF
-        prompts = make_prompts(tokenizer, cell.prompt_len, n + n_warm, seed=seed, tag=f"{cell.name}-")
-        warm, measured = prompts[:n_warm], prompts[n_warm:]
-        engine = session.engine
-        assert engine is not None
-        window = MeasuredWindow(engine, gpu=job.hardware.backend == "cuda")  # GPU telemetry and server metrics, warm-up excluded
-        # The server's memory: its process tree's RSS, or its container's (never the docker client's);
-        # GPU memory comes from the window, on the server's own GPUs.
-        with PeakSampler(engine.pid() or os.getpid(), sample=engine.memory_bytes) as mem:
-            t_cell = time.time()
-            res = run_cell(base_url=engine.base_url, model=base["model"], prompts=measured,
-                           prompt_len=cell.prompt_len, output_len=load.output_len, concurrency=cell.concurrency,
-                           request_rate=load.request_rate, warmup_prompts=warm, temperature=load.temperature,
-                           api_key=engine.spec.engine.api_key, seed=seed, count_tokens=count_tokens,
-                           label=f"{base['engine']}-{base['format']} {cell.name}", show_progress=job.show_progress,
-                           on_measure_start=window.start, on_measure_end=window.stop)
-        t_end = time.time()
-        metrics = summarize(res.records, res.duration_s, job.slos_ms, concurrency=cell.concurrency)
-        telemetry = window.columns(metrics["total_output_tokens"])
-        notes = [base["load_note"], cell_note(load, cell.concurrency), *session.notes]
-        steady, vllm_def = metrics.get("steady_output_throughput"), metrics.get("output_throughput")
-        if steady and vllm_def and abs(steady / vllm_def - 1.0) > STEADY_GAP:
-            notes.append(f"steady-state output {steady:.1f} tok/s differs from output_throughput {vllm_def:.1f} by "
-                         f"{100.0 * (steady / vllm_def - 1.0):+.1f}% (ramp {metrics['ramp_s']:.2f} s, "
-                         f"tail {metrics['tail_s']:.2f} s)")
-        died = not engine.alive()
-        if died:
-            cell_status, cell_reason = "failed", f"server died mid-cell: {engine.failure_reason()}"
-        elif metrics["failed"] == 0:
-            cell_status, cell_reason = "ok", ""
-        elif metrics["completed"] == 0:
-            cell_status, cell_reason = "failed", "; ".join(metrics["errors"])[:500]
-        else:
-            cell_status, cell_reason = "degraded", "; ".join(metrics["errors"])[:500]
-        _write_jsonl(out_dir / f"{cell.name}.jsonl", [r.to_json() for r in res.records])
-        _write_json(out_dir / f"{cell.name}.json",
-                    {**record_base(base, cell, n, versions, session.startup_s), "status": cell_status,
-                     "reason": cell_reason, **metrics, **res.client, "peak_rss_bytes": mem.peak_rss,
-                     "load_note": "; ".join(x for x in notes if x), "warmup_requests": n_warm,
-                     "block": cell.repeat, "order": job.order,
-                     "node_id": node_id(telemetry.get("gpu_uuids")),
-                     "memory_source": engine.memory_source(),
-                     "peak_gpu_bytes": mem.peak_gpu, **telemetry, "started_utc": t_cell,
-                     "ended_utc": t_end, "server_start": session.starts, **session.facts})
+        measure(job, session, base, load, tokenizer, versions, cell, n=n, n_warm=n_warm, seed=seed,
+                request_rate=load.request_rate, notes=[cell_note(load, cell.concurrency)])
     return "ok", ""

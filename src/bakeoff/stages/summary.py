@@ -34,7 +34,18 @@ COLUMNS = [
     *SERVER_METRICS,
     *[c for c in TELEMETRY_COLUMNS if c != "peak_gpu_bytes"], *FINGERPRINT_COLUMNS, *SCRAPE_COLUMNS,
     "engine_settings", "config_hash", "load_note",
+    # capacity probes (load.mode: capacity): which search, which SLO, its verdict; empty on the fixed cells
+    "cell", "probe_of", "slo", "probe_passed", "probe_exceeded", "stopped_early",
     *QUALITY_COLUMNS,
+]
+# results/capacity.csv: one row per variant, prompt length and SLO (bakeoff.stages.serve_capacity).
+CAPACITY_COLUMNS = [
+    "experiment", "model", "engine", "format", "hardware", "node_id", "prompt_len", "output_len",
+    "slo", "slo_ttft_ms", "slo_tpot_ms",
+    "capacity_concurrency", "concurrency_converged", "concurrency_at_limit", "concurrency_probes", "binding_concurrency",
+    "capacity_rate", "rate_converged", "rate_at_limit", "rate_probes", "binding_rate",
+    "output_throughput_at_capacity", "request_goodput_at_capacity", "joules_per_output_token_at_capacity",
+    "p99_ttft_ms_at_capacity", "p99_tpot_ms_at_capacity", "output_throughput_at_capacity_rate",
 ]
 
 
@@ -47,7 +58,8 @@ def _fmt(v: Any) -> Any:
 
 
 def rows(index_paths: list[Path], config_hash: str) -> list[dict[str, Any]]:
-    """One row per cell; the variant's quality columns (quality.json beside cells.json) are joined on."""
+    """One row per cell and capacity probe; the variant's quality columns (quality.json beside cells.json) are
+    joined on."""
     indexes = [(Path(p).parent, json.loads(Path(p).read_text())) for p in index_paths]
     quality = quality_columns([(d, idx["variant"]) for d, idx in indexes])
     out = []
@@ -58,6 +70,12 @@ def rows(index_paths: list[Path], config_hash: str) -> list[dict[str, Any]]:
             row["config_hash"] = config_hash
             out.append(row)
     return out
+
+
+def capacity_rows(index_paths: list[Path]) -> list[dict[str, Any]]:
+    """Every variant's capacity results (empty where no search ran)."""
+    return [{k: _fmt(r.get(k)) for k in CAPACITY_COLUMNS}
+            for p in index_paths for r in json.loads(Path(p).read_text()).get("capacity", [])]
 
 
 def write_csv(path: Path, records: list[dict], columns: list[str] = COLUMNS) -> None:

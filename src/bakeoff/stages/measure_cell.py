@@ -1,0 +1,97 @@
+"""Measure one load cell on a running server: the client's requests, the server's metrics, the node's telemetry.
+
+Why its own module: the fixed cells (bakeoff.stages.serve_load) and the capacity probes
+(bakeoff.stages.serve_capacity) are measured the same way and recorded with the same fields, so a probe
+row reads like any cell row.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from bakeoff.config.schema import LoadCfg
+from bakeoff.engines.session import Session
+from bakeoff.hardware.fingerprint import node_id
+from bakeoff.hardware.memory import PeakSampler
+from bakeoff.loadgen.cells import Cell, record_base
+from bakeoff.loadgen.cellwindow import MeasuredWindow
+from bakeoff.loadgen.metrics import RequestRecord, summarize
+from bakeoff.loadgen.prompts import make_prompts
+from bakeoff.loadgen.runner import run_cell
+from bakeoff.models.artifacts import atomic_write_text
+from bakeoff.stages.serve_job import ServeJob
+
+# A cell whose steady-state throughput and vLLM-defined throughput differ by more than this says so.
+STEADY_GAP = 0.05
+
+
+def write_json(path: Path, data: Any) -> None:
+    atomic_write_text(path, json.dumps(data, indent=2, default=str) + "\n")
+
+
+def write_jsonl(path: Path, rows: list[dict]) -> None:
+    atomic_write_text(path, "".join(json.dumps(r) + "\n" for r in rows))
+
+
+def measure(job: ServeJob, session: Session, base: dict, load: LoadCfg, tokenizer: Any, versions: dict, cell: Cell, *,
+            n: int, n_warm: int, seed: int, request_rate: float | None, notes: list[str],
+            stop_when: Callable[[RequestRecord], bool] | None = None, slos_ms: dict[str, float] | None = None,
+            extra: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Measure one cell on the session's running server; write its records and summary; return the summary.
+
+    ``cell.name`` names its files; a capacity probe passes its own (``extra`` adds its fields to the record).
+    """
+    out_dir = job.out_dir
+    count_tokens = lambda text: len(tokenizer.encode(text, add_special_tokens=False))  # noqa: E731
+    prompts = make_prompts(tokenizer, cell.prompt_len, n + n_warm, seed=seed, tag=f"{cell.name}-")
+    warm, measured = prompts[:n_warm], prompts[n_warm:]
+    engine = session.engine
+    assert engine is not None
+    window = MeasuredWindow(engine, gpu=job.hardware.backend == "cuda")  # GPU telemetry and server metrics, warm-up excluded
+    # The server's memory: its process tree's RSS, or its container's (never the docker client's);
+    # GPU memory comes from the window, on the server's own GPUs.
+    with PeakSampler(engine.pid() or os.getpid(), sample=engine.memory_bytes) as mem:
+        t_cell = time.time()
+        res = run_cell(base_url=engine.base_url, model=base["model"], prompts=measured,
+                       prompt_len=cell.prompt_len, output_len=load.output_len, concurrency=cell.concurrency,
+                       request_rate=request_rate, warmup_prompts=warm, temperature=load.temperature,
+                       api_key=engine.spec.engine.api_key, seed=seed, count_tokens=count_tokens,
+                       label=f"{base['engine']}-{base['format']} {cell.name}", show_progress=job.show_progress,
+                       on_measure_start=window.start, on_measure_end=window.stop, stop_when=stop_when)
+    t_end = time.time()
+    metrics = summarize(res.records, res.duration_s, slos_ms or job.slos_ms,
+                        concurrency=cell.concurrency if request_rate is None else None)  # steady span: closed loop
+    telemetry = window.columns(metrics["total_output_tokens"])
+    notes = [base["load_note"], *notes, *session.notes]
+    steady, vllm_def = metrics.get("steady_output_throughput"), metrics.get("output_throughput")
+    if steady and vllm_def and abs(steady / vllm_def - 1.0) > STEADY_GAP:
+        notes.append(f"steady-state output {steady:.1f} tok/s differs from output_throughput {vllm_def:.1f} by "
+                     f"{100.0 * (steady / vllm_def - 1.0):+.1f}% (ramp {metrics['ramp_s']:.2f} s, "
+                     f"tail {metrics['tail_s']:.2f} s)")
+    died = not engine.alive()
+    if died:
+        cell_status, cell_reason = "failed", f"server died mid-cell: {engine.failure_reason()}"
+    elif metrics["failed"] == 0:
+        cell_status, cell_reason = "ok", ""
+    elif metrics["completed"] == 0:
+        cell_status, cell_reason = "failed", "; ".join(metrics["errors"])[:500]
+    else:
+        cell_status, cell_reason = "degraded", "; ".join(metrics["errors"])[:500]
+    record = {**record_base(base, cell, n, versions, session.startup_s), "status": cell_status,
+              "reason": cell_reason, **metrics, **res.client, "peak_rss_bytes": mem.peak_rss,
+              "load_note": "; ".join(x for x in notes if x), "warmup_requests": n_warm,
+              "block": cell.repeat, "order": job.order,
+              "node_id": node_id(telemetry.get("gpu_uuids")),
+              "memory_source": engine.memory_source(),
+              "peak_gpu_bytes": mem.peak_gpu, **telemetry, "started_utc": t_cell,
+              "ended_utc": t_end, "server_start": session.starts, **session.facts, **(extra or {})}
+    if request_rate is not None:
+        record["request_rate"] = request_rate
+    write_jsonl(out_dir / f"{cell.name}.jsonl", [r.to_json() for r in res.records])
+    write_json(out_dir / f"{cell.name}.json", record)
+    return record

@@ -1,0 +1,117 @@
+"""One variant's capacity under each configured SLO, searched on the server its cells just used.
+
+Why here: a probe is a load cell like any other (same client, metrics, telemetry, files), so it is measured
+by bakeoff.stages.serve_load's ``measure``; this module only runs bakeoff.loadgen.capacity's searches with
+it and writes what they found. Every probe is kept as a cell row (``probe_of``: concurrency or rate, with
+``slo`` and its verdict); the searches' results go into the variant's index under ``capacity``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from bakeoff.config.schema import LoadCfg
+from bakeoff.config.slo import SLO_PRESETS, Slo
+from bakeoff.engines.session import Session
+from bakeoff.layout import CAPACITY_FILE, probe_name
+from bakeoff.loadgen.capacity import EarlyStop, Search, Verdict, judge, search_concurrency, search_rate
+from bakeoff.loadgen.cells import Cell
+from bakeoff.models.artifacts import atomic_write_text, read_kept, restore_kept, write_kept
+from bakeoff.stages.measure_cell import measure
+from bakeoff.stages.serve_job import ServeJob
+
+# What a capacity row reads from the probe at capacity.
+AT_CAPACITY = ("output_throughput", "request_goodput", "joules_per_output_token", "p99_ttft_ms", "p99_tpot_ms")
+
+
+def capacity_hash(spec_hash: str, load: LoadCfg) -> str:
+    """What a variant's capacity results depend on: its cells' settings and the search's."""
+    blob = json.dumps([spec_hash, load.capacity.model_dump(mode="json"), load.output_len], sort_keys=True)
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def reused(out_dir: Path, digest: str) -> dict[str, Any] | None:
+    """The kept results (and their probes' records) of a search made with these settings, put back in place."""
+    kept = read_kept(out_dir / CAPACITY_FILE)
+    if kept is None or kept.get("capacity_hash") != digest:
+        return None
+    restore_kept(out_dir / CAPACITY_FILE)
+    return kept
+
+
+def run(job: ServeJob, session: Session, base: dict[str, Any], load: LoadCfg, tokenizer: Any) -> dict[str, Any]:
+    """Search every (SLO, prompt length) of ``load.capacity``; returns ``{"capacity": rows, "probes": records}``."""
+    cap = load.capacity
+    rows: list[dict[str, Any]] = []
+    probes: list[dict[str, Any]] = []
+
+    def up() -> bool:
+        if session.engine is not None and session.engine.alive():
+            return True
+        session.stop()
+        return session.start()[0] == "ok"
+
+    def probe(slo: Slo, kind: str, value: float, prompt_len: int, n: int, warm: int) -> tuple[Verdict, dict]:
+        if not up():
+            return Verdict(False, ("server down",)), {}
+        name = probe_name(slo.name, kind, value, prompt_len)
+        concurrency = int(value) if kind == "concurrency" else n  # open loop: no cap on requests in flight
+        cell = Cell(concurrency, prompt_len, job.block or 0, label=name)
+        assert session.engine is not None
+        rec = measure(job, session, base, load, tokenizer, session.engine.versions(), cell, n=n, n_warm=warm,
+                      seed=hash((name, n)) & 0xFFFF_FFFF, request_rate=None if kind == "concurrency" else value,
+                      notes=[f"capacity probe ({kind}, SLO {slo.name}: p99 TTFT <= {slo.ttft_ms:g} ms, p99 TPOT <= "
+                             f"{slo.tpot_ms:g} ms); warm-up {warm} requests"],
+                      stop_when=EarlyStop(n, slo), slos_ms=slo.bounds(),
+                      extra={"probe_of": kind, "slo": slo.name, "cell": name})
+        verdict = judge(rec, slo, bool(rec.get("stopped_early")))
+        rec.update(probe_passed=verdict.passed, probe_exceeded="+".join(verdict.exceeded))
+        atomic_write_text(job.out_dir / f"{name}.json", json.dumps(rec, indent=2, default=str) + "\n")
+        probes.append(rec)
+        print(f"capacity {slo.name} p{prompt_len} {kind}={value:g}: {'pass' if verdict.passed else 'fail'} "
+              f"{verdict.exceeded or ''}", file=sys.stderr, flush=True)
+        return verdict, rec
+
+    for slo in (SLO_PRESETS[s] for s in cap.slo):
+        for p in cap.prompt_len or load.prompt_len:
+            at: dict[float, dict] = {}
+
+            def by_concurrency(c: int, slo: Slo = slo, p: int = p, at: dict = at) -> Verdict:
+                verdict, rec = probe(slo, "concurrency", c, p, max(cap.min_requests, cap.waves * c), c)
+                at[c] = rec
+                return verdict
+
+            closed = search_concurrency(by_concurrency, cap.start_concurrency, cap.max_concurrency, cap.max_probes)
+            c_star = int(closed.capacity)
+            best = at.get(c_star, {})
+            row = {**{k: base[k] for k in ("experiment", "model", "engine", "format", "hardware", "output_len")},
+                   "node_id": best.get("node_id"), "prompt_len": p, "slo": slo.name, "slo_ttft_ms": slo.ttft_ms,
+                   "slo_tpot_ms": slo.tpot_ms, **_search_columns(closed, "concurrency"),
+                   **{f"{k}_at_capacity": best.get(k) for k in AT_CAPACITY}}
+            if cap.rate and c_star > 0 and best.get("request_throughput"):
+                rates: dict[float, dict] = {}
+
+                def by_rate(r: float, slo: Slo = slo, p: int = p, rates: dict = rates, c: int = c_star) -> Verdict:
+                    verdict, rec = probe(slo, "rate", r, p, max(cap.min_requests, cap.waves * c), c)
+                    rates[r] = rec
+                    return verdict
+
+                opened = search_rate(by_rate, float(best["request_throughput"]), cap.max_probes, cap.rate_resolution)
+                row.update(_search_columns(opened, "rate"))
+                row["output_throughput_at_capacity_rate"] = rates.get(opened.capacity, {}).get("output_throughput")
+            rows.append(row)
+    return {"capacity": rows, "probes": probes}
+
+
+def _search_columns(s: Search, kind: str) -> dict[str, Any]:
+    value: float | int = int(s.capacity) if kind == "concurrency" else round(s.capacity, 4)
+    return {f"capacity_{kind}": value, f"{kind}_converged": s.converged, f"{kind}_at_limit": s.at_limit,
+            f"{kind}_probes": len(s.probes), f"binding_{kind}": s.binding}
+
+
+def write(out_dir: Path, digest: str, result: dict[str, Any]) -> None:
+    write_kept(out_dir / CAPACITY_FILE, json.dumps({"capacity_hash": digest, **result}, indent=2, default=str) + "\n")
