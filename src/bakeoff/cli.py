@@ -132,6 +132,11 @@ def _cmd_pages(a: argparse.Namespace) -> None:
     summary_html(Path(a.summary), Path(a.summary_html))
     environment_html(Path(a.versions), Path(a.config), Path(a.environment_html),
                      Path(a.hardware_json) if a.hardware_json else None)
+    if a.index_html:
+        from bakeoff.report.index import index_html
+
+        index_html(Path(a.summary), Path(a.capacity) if a.capacity else None, [Path(p) for p in a.plots],
+                   Path(a.index_html))
 
 
 def _cmd_dvc_params(a: argparse.Namespace) -> None:
@@ -417,6 +422,9 @@ def build_parser() -> argparse.ArgumentParser:
     pg.add_argument("--hardware-json")
     pg.add_argument("--summary-html", required=True)
     pg.add_argument("--environment-html", required=True)
+    pg.add_argument("--index-html", help="also write the self-contained report page (results/report/index.html)")
+    pg.add_argument("--capacity", help="results/capacity.csv, for the index page")
+    pg.add_argument("--plots", nargs="*", default=[], help="PNG plots the index page embeds")
     pg.set_defaults(func=_cmd_pages)
 
     dp = sub.add_parser("dvc-params", help="re-compose params.yaml with DVC's Hydra composer (after editing conf/)")

@@ -278,7 +278,7 @@ def plot_files():
 
 
 def report_pages():
-    return [REPORT_PAGE.format(page=p) for p in ("summary", "environment")]
+    return [REPORT_PAGE.format(page=p) for p in ("index", "summary", "environment")]
 
 
 def variant_files(pattern, experiment=None):

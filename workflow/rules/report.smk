@@ -59,10 +59,13 @@ rule plots:
 rule pages:
     input:
         summary=SUMMARY,
+        capacity=CAPACITY_TABLE,
+        plots=plot_files(),
         versions=VERSIONS,
         config=POINTS_FILE,
         hardware=HARDWARE,
     output:
+        index=report(REPORT_PAGE.format(page="index"), category="Summary", caption="../report/index.rst"),
         summary=report(REPORT_PAGE.format(page="summary"), category="Summary", caption="../report/summary.rst"),
         environment=report(REPORT_PAGE.format(page="environment"), category="Hardware and versions",
                            caption="../report/environment.rst"),
@@ -73,7 +76,8 @@ rule pages:
     shell:
         "bakeoff pages --summary {input.summary} --versions {input.versions} --config {input.config}"
         " --hardware-json {input.hardware} --summary-html {output.summary}"
-        " --environment-html {output.environment} > {log} 2>&1"
+        " --environment-html {output.environment} --index-html {output.index} --capacity {input.capacity}"
+        " --plots {input.plots} > {log} 2>&1"
 
 
 rule dvc_metrics:

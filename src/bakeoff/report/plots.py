@@ -13,7 +13,7 @@ import csv
 import json
 import statistics
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -192,6 +192,30 @@ def roofline_plot(rows: list[dict[str, str]], out: Path) -> None:
         _lines_vs_concurrency(ax, series, "per-sequence decode, % of B/W ceiling", legend_size=7)
     ax.set_title("Decode roofline efficiency")
     _save(fig, out)
+
+
+def frontier_figure(points: Sequence[Any]) -> Any:
+    """Throughput against quality loss (KL vs 16-bit), one panel per (experiment, prompt length); Pareto-optimal
+    variants filled and named in bold. ``points``: bakeoff.report.answer.FrontierPoint."""
+    keys = sorted({(p.experiment, p.prompt_len) for p in points}) or [("", 0)]
+    fig, axes = plt.subplots(1, len(keys), figsize=(5.5 * len(keys), 4.2), squeeze=False)
+    for ax, key in zip(axes[0], keys, strict=True):
+        group = [p for p in points if (p.experiment, p.prompt_len) == key]
+        known = [p for p in group if p.kl is not None]
+        if not known:
+            _empty(ax, "no quality loss measured (kl_vs_fp16)")
+            continue
+        for p in known:
+            ax.scatter([p.kl], [p.throughput], s=60, marker="o", facecolors="C3" if p.pareto else "none",
+                       edgecolors="C3" if p.pareto else "C0")
+            ax.annotate(p.variant, (p.kl, p.throughput), fontsize=8, xytext=(4, 4), textcoords="offset points",
+                        fontweight="bold" if p.pareto else "normal")
+        ax.set_xlabel("quality loss: top-k KL vs 16-bit (lower is better)")
+        ax.set_ylabel(f"output tokens/s ({known[0].throughput_at})" if len({p.throughput_at for p in known}) == 1
+                      else "output tokens/s (at capacity, else highest concurrency)")
+        ax.set_title(f"{key[0]}, prompt {key[1]}: filled = Pareto-optimal")
+        ax.grid(alpha=0.3)
+    return fig
 
 
 def render_all(summary: Path, cell_indexes: list[Path], out_dir: Path) -> list[Path]:

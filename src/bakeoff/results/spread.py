@@ -194,7 +194,7 @@ def _on_node(group: Sequence[Mapping[str, Any]], node: str) -> list[Mapping[str,
     return [r for r in group if str(r.get("node_id") or "") == node]
 
 
-def _pair(ga: Sequence[Mapping[str, Any]], gb: Sequence[Mapping[str, Any]],
+def pair(ga: Sequence[Mapping[str, Any]], gb: Sequence[Mapping[str, Any]],
           metric: str) -> tuple[Difference, int, int, str] | None:
     """One metric of two variants' repeats on the node they share (most repeats), paired by block where it can.
 
@@ -242,7 +242,7 @@ def comparisons(rows: Sequence[Mapping[str, Any]]) -> list[Comparison]:
         for kind, a, b in pairs:
             ga, gb = variants[a], variants[b]
             for m in KEY_METRICS:
-                found = _pair(ga, gb, m)
+                found = pair(ga, gb, m)
                 if found is not None:
                     diff, n_a, n_b, node = found
                     out.append(Comparison(kind, key, _cell_label(ga[0]), variant_name(*a), variant_name(*b), m,

@@ -1,0 +1,195 @@
+"""The answer a reader wants first, computed from the summary and the capacity table.
+
+Why its own module: the report page shows these numbers, and a test checks the page against the summary
+with its own arithmetic; both read them from here, and none is rounded before it is compared.
+
+* **Leaders at fixed load.** For each experiment, prompt length and concurrency: the variant with the
+  highest mean output tok/s over its ok repeats, the runner-up, the margin, and whether the margin is
+  beyond the noise (bakeoff.results.spread: paired by block, else Welch; with one repeat a side: no verdict).
+* **Leaders under an SLO.** From the capacity searches where they ran: the highest ``capacity_concurrency``
+  (ties: the higher rate). A margin of one concurrency step is within the search's resolution. Where no
+  search ran, the highest fixed concurrency whose p99 TTFT and TPOT met the SLO, said as such.
+* **The frontier.** Per experiment and prompt length, each variant's throughput (at capacity under the
+  first SLO searched, else at its highest fixed concurrency), quality loss (top-k KL against the 16-bit
+  baseline) and J/token; Pareto-optimal where no other variant is at least as good on every measured axis
+  and better on one.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections import defaultdict
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from bakeoff.config.slo import SLO_PRESETS
+from bakeoff.layout import variant_name
+from bakeoff.results import spread
+from bakeoff.results.numbers import number
+
+Row = Mapping[str, Any]
+
+
+def _fixed_ok(rows: Sequence[Row]) -> list[Row]:
+    return [r for r in rows if r.get("status") == "ok" and not r.get("probe_of")]
+
+
+def _variant(r: Row) -> str:
+    return variant_name(str(r["engine"]), str(r["format"]))
+
+
+@dataclass(frozen=True)
+class Lead:
+    experiment: str
+    prompt_len: int
+    load: str  # "c=8", or an SLO's name
+    leader: str
+    value: float
+    runner_up: str  # "" when only one variant measured
+    runner_value: float
+    verdict: str  # "beyond the noise (p=...)", "within the noise (p=...)", "no verdict: ...", "only variant"
+
+    @property
+    def margin_pct(self) -> float:
+        return 100.0 * (self.value - self.runner_value) / self.runner_value if self.runner_value else math.nan
+
+
+def fixed_leaders(rows: Sequence[Row], metric: str = "output_throughput") -> list[Lead]:
+    by_cell: dict[tuple[str, int, int], dict[str, list[Row]]] = defaultdict(lambda: defaultdict(list))
+    for r in _fixed_ok(rows):
+        if number(r.get(metric)) is not None:
+            by_cell[(str(r["experiment"]), int(r["prompt_len"]), int(r["concurrency"]))][_variant(r)].append(r)
+    out = []
+    for (exp, p, c), variants in sorted(by_cell.items()):
+        means = sorted(((statistics.fmean(number(r[metric]) for r in g), v) for v, g in variants.items()), reverse=True)
+        (top, lead), rest = means[0], means[1:]
+        if not rest:
+            out.append(Lead(exp, p, f"c={c}", lead, top, "", math.nan, "only variant"))
+            continue
+        second, runner = rest[0]
+        found = spread.pair(variants[runner], variants[lead], metric)
+        if found is None:
+            verdict = "no verdict: measured on different nodes"
+        elif found[0].significant is None:
+            verdict = "no verdict: fewer than 2 repeats a side"
+        else:
+            how = "beyond the noise" if found[0].significant else "within the noise"
+            verdict = f"{how} (p={found[0].p:.2g}, {found[0].pairing})"
+        out.append(Lead(exp, p, f"c={c}", lead, top, runner, second, verdict))
+    return out
+
+
+def slo_leaders(rows: Sequence[Row], capacity: Sequence[Row]) -> list[Lead]:
+    """Leaders by capacity where a search ran; else by the highest fixed concurrency meeting each preset."""
+    out = []
+    searched: dict[tuple[str, int, str], list[Row]] = defaultdict(list)
+    for r in capacity:
+        if number(r.get("capacity_concurrency")) is not None:
+            searched[(str(r["experiment"]), int(r["prompt_len"]), str(r["slo"]))].append(r)
+    for (exp, p, slo), group in sorted(searched.items()):
+        ranked = sorted(group, key=lambda r: (number(r["capacity_concurrency"]), number(r.get("capacity_rate")) or 0.0),
+                        reverse=True)
+        lead = ranked[0]
+        value = number(lead["capacity_concurrency"]) or 0.0
+        if len(ranked) == 1:
+            out.append(Lead(exp, p, slo, _variant(lead), value, "", math.nan, "only variant"))
+            continue
+        runner = ranked[1]
+        second = number(runner["capacity_concurrency"]) or 0.0
+        verdict = ("tied" if value == second else "beyond the search's resolution" if value - second > 1 else
+                   "within the search's resolution (one concurrency step)")
+        if value == second and str(lead.get("concurrency_at_limit")) == "True":
+            verdict = "tied at the search's maximum concurrency: both serve at least this many"
+        out.append(Lead(exp, p, slo, _variant(lead), value, _variant(runner), second, verdict))
+    if searched:
+        return out
+    # No search: what the fixed cells say, per preset.
+    met: dict[tuple[str, int, str], dict[str, dict[int, bool]]] = defaultdict(lambda: defaultdict(dict))
+    for r in _fixed_ok(rows):
+        t, o = number(r.get("p99_ttft_ms")), number(r.get("p99_tpot_ms"))
+        for slo in SLO_PRESETS.values():
+            cells = met[(str(r["experiment"]), int(r["prompt_len"]), slo.name)][_variant(r)]
+            ok = t is not None and o is not None and t <= slo.ttft_ms and o <= slo.tpot_ms
+            cells[int(r["concurrency"])] = cells.get(int(r["concurrency"]), True) and ok
+    for (exp, p, slo), by_variant in sorted(met.items()):
+        ranked = sorted(((max([c for c, ok in cs.items() if ok], default=0), v) for v, cs in by_variant.items()),
+                        reverse=True)
+        (c1, v1), rest = ranked[0], ranked[1:]
+        c2, v2 = rest[0] if rest else (math.nan, "")
+        note = "no search ran: the highest fixed concurrency meeting the SLO in every repeat"
+        highest = max(c for cs in by_variant.values() for c in cs)
+        if c1 == c2:
+            note += (f"; tied at the highest concurrency tested ({highest}): both serve at least this many"
+                     if c1 == highest else "; tied")
+        out.append(Lead(exp, p, slo, v1, float(c1), v2, float(c2), note))
+    return out
+
+
+@dataclass(frozen=True)
+class FrontierPoint:
+    experiment: str
+    prompt_len: int
+    variant: str
+    throughput: float
+    throughput_at: str  # "capacity under <slo>" or "c=<max>"
+    kl: float | None
+    joules_per_token: float | None
+    pareto: bool = False
+
+
+def frontier(rows: Sequence[Row], capacity: Sequence[Row]) -> list[FrontierPoint]:
+    kl: dict[tuple[str, str], float | None] = {}
+    for r in rows:
+        kl.setdefault((str(r["experiment"]), _variant(r)), number(r.get("kl_vs_fp16")))
+    cap: dict[tuple[str, int, str], Row] = {}
+    first_slo: dict[str, str] = {}
+    for r in capacity:
+        first_slo.setdefault(str(r["experiment"]), str(r["slo"]))
+        if str(r["slo"]) == first_slo[str(r["experiment"])]:
+            cap[(str(r["experiment"]), int(r["prompt_len"]), _variant(r))] = r
+    top_c: dict[tuple[str, int, str], list[Row]] = defaultdict(list)
+    for r in _fixed_ok(rows):
+        key = (str(r["experiment"]), int(r["prompt_len"]), _variant(r))
+        if not top_c[key] or int(r["concurrency"]) > int(top_c[key][0]["concurrency"]):
+            top_c[key] = [r]
+        elif int(r["concurrency"]) == int(top_c[key][0]["concurrency"]):
+            top_c[key].append(r)
+    points = []
+    for key in sorted(set(top_c) | set(cap)):
+        exp, p, v = key
+        c = cap.get(key)
+        if c is not None and number(c.get("output_throughput_at_capacity")) is not None:
+            tput, at = number(c["output_throughput_at_capacity"]), f"capacity under {c['slo']}"
+            jpt = number(c.get("joules_per_output_token_at_capacity"))
+        elif top_c.get(key):
+            g = top_c[key]
+            tput = statistics.fmean(number(r["output_throughput"]) for r in g)
+            at = f"c={g[0]['concurrency']}"
+            j = [x for r in g if (x := number(r.get("joules_per_output_token"))) is not None]
+            jpt = statistics.fmean(j) if j else None
+        else:
+            continue
+        points.append(FrontierPoint(exp, p, v, float(tput), at, kl.get((exp, v)), jpt))
+    return _mark_pareto(points)
+
+
+def _mark_pareto(points: list[FrontierPoint]) -> list[FrontierPoint]:
+    """Pareto-optimal within (experiment, prompt length) over the axes every point there has."""
+    out = []
+    by = defaultdict(list)
+    for pt in points:
+        by[(pt.experiment, pt.prompt_len)].append(pt)
+    for group in by.values():
+        use_kl = all(pt.kl is not None for pt in group)
+        use_j = all(pt.joules_per_token is not None for pt in group)
+
+        vecs = {id(pt): [pt.throughput, *([-pt.kl] if use_kl else []),  # larger is better on every axis
+                         *([-pt.joules_per_token] if use_j else [])] for pt in group}  # type: ignore[operator]
+        for pt in group:
+            a = vecs[id(pt)]
+            dominated = any(all(x >= y for x, y in zip(vecs[id(o)], a, strict=True)) and vecs[id(o)] != a
+                            for o in group if o is not pt)
+            out.append(FrontierPoint(**{**pt.__dict__, "pareto": not dominated}))
+    return out

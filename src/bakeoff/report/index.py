@@ -1,0 +1,135 @@
+"""``results/report/index.html``: the page a person opens first, self-contained and offline.
+
+Why one file: it is mailed, attached and opened from disk; every plot is embedded (base64 PNG) and the
+table's sorting and filtering is a few lines of inline script, so nothing is fetched. Its order follows
+the reader's question: the answer (bakeoff.report.answer), then the frontier and the capacities, then the
+published numbers beside ours, then the plots, then every row.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import io
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from bakeoff.models.artifacts import atomic_write_text
+from bakeoff.report import answer
+from bakeoff.report.pages import LEAD, STYLE, _cell
+from bakeoff.report.plots import frontier_figure, read_summary
+
+SCRIPT = """<script>
+for (const t of document.querySelectorAll('table.sortable')) {
+  const body = t.tBodies[0], input = document.getElementById(t.dataset.filter);
+  t.tHead.querySelectorAll('th').forEach((th, i) => th.addEventListener('click', () => {
+    const asc = th.dataset.dir !== 'asc'; th.dataset.dir = asc ? 'asc' : 'desc';
+    const key = r => { const x = r.cells[i].textContent, n = parseFloat(x); return isNaN(n) ? x : n; };
+    [...body.rows].sort((a, b) => { const x = key(a), y = key(b); return (x > y) - (x < y); })
+      .forEach(r => body.appendChild(r));
+    if (!asc) [...body.rows].reverse().forEach(r => body.appendChild(r));
+  }));
+  if (input) input.addEventListener('input', () => {
+    const q = input.value.toLowerCase();
+    for (const r of body.rows) r.style.display = r.textContent.toLowerCase().includes(q) ? '' : 'none';
+  });
+}
+</script>"""
+PUBLISHED = ["experiment", "engine", "format", "concurrency", "prompt_len", "output_throughput",
+             "published_output_throughput", "output_throughput_vs_published", "published_refs", "published_compared_as"]
+
+
+def _num(v: float | None, digits: int = 4) -> str:
+    return "" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{v:.{digits}g}"
+
+
+def _table(columns: Sequence[str], rows: Iterable[Mapping[str, Any]], cls: str = "", attrs: str = "") -> str:
+    head = "".join(f"<th>{html.escape(c)}</th>" for c in columns)
+    body = "".join("<tr>" + "".join(f"<td>{_cell(str(r.get(c, '')))}</td>" for c in columns) + "</tr>" for r in rows)
+    return f"<table class='{cls}' {attrs}><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+
+
+def _lead_rows(leads: Sequence[answer.Lead], what: str) -> str:
+    rows = []
+    for x in leads:
+        data = (f"data-experiment='{html.escape(x.experiment)}' data-prompt='{x.prompt_len}' "
+                f"data-load='{html.escape(x.load)}' data-leader='{html.escape(x.leader)}' data-value='{x.value!r}' "
+                f"data-runner='{html.escape(x.runner_up)}'")
+        rows.append(f"<tr class='lead' {data}><td>{html.escape(x.load)}</td><td><b>{html.escape(x.leader)}</b></td>"
+                    f"<td>{_num(x.value)}</td><td>{html.escape(x.runner_up) or '&mdash;'}</td>"
+                    f"<td>{_num(x.runner_value)}</td><td>{_num(x.margin_pct, 3)}{'%' if x.runner_up else ''}</td>"
+                    f"<td class='l'>{html.escape(x.verdict)}</td></tr>")
+    head = (f"<tr><th>load</th><th>leader</th><th>{what}</th><th>runner-up</th><th>{what}</th><th>margin</th>"
+            f"<th>beyond the noise?</th></tr>")
+    return f"<table class='answer'><thead>{head}</thead><tbody>{''.join(rows)}</tbody></table>"
+
+
+def answer_html(rows: Sequence[Mapping[str, Any]], capacity: Sequence[Mapping[str, Any]]) -> str:
+    fixed, slo = answer.fixed_leaders(rows), answer.slo_leaders(rows, capacity)
+    parts = ["<section id='answer'><h2>The answer</h2>",
+             "<p>Leaders by mean output tokens/s over the ok repeats (fixed load), and by the highest concurrency "
+             "within each latency SLO (p99 TTFT and p99 TPOT). A margin is called beyond the noise only when a "
+             "test across repeats says so; with one repeat a side there is no verdict.</p>"]
+    for exp, p in sorted({(x.experiment, x.prompt_len) for x in [*fixed, *slo]}):
+        parts.append(f"<h3>{html.escape(exp)}: prompt {p} tokens</h3>")
+        parts.append("<h4>At fixed concurrency (output tokens/s)</h4>")
+        parts.append(_lead_rows([x for x in fixed if (x.experiment, x.prompt_len) == (exp, p)], "tok/s"))
+        parts.append("<h4>Under an SLO (the most concurrent users)</h4>")
+        parts.append(_lead_rows([x for x in slo if (x.experiment, x.prompt_len) == (exp, p)], "users"))
+    return "".join(parts) + "</section>"
+
+
+def _png(fig: Any) -> str:
+    import matplotlib.pyplot as plt
+
+    buf = io.BytesIO()
+    fig.tight_layout()
+    fig.savefig(buf, format="png", dpi=100)
+    plt.close(fig)
+    return f"<img alt='' src='data:image/png;base64,{base64.b64encode(buf.getvalue()).decode()}'>"
+
+
+def frontier_html(rows: Sequence[Mapping[str, Any]], capacity: Sequence[Mapping[str, Any]]) -> str:
+    points = answer.frontier(rows, capacity)
+    table = _table(["experiment", "prompt_len", "variant", "throughput", "throughput_at", "kl", "joules_per_token",
+                    "pareto"], [{**p.__dict__, "throughput": _num(p.throughput), "kl": _num(p.kl),
+                                 "joules_per_token": _num(p.joules_per_token) or "not measured",
+                                 "pareto": "yes" if p.pareto else ""} for p in points], attrs="id='frontier-table'")
+    return ("<section id='frontier'><h2>Is the quantization worth it? Throughput, quality loss, energy</h2>"
+            "<p>Pareto-optimal: no other variant is at least as good on every measured axis and better on one. "
+            "Quality loss is the top-k KL divergence against the same model's 16-bit variant (lower is better); "
+            "J/token is measured on GPUs only.</p>"
+            f"{_png(frontier_figure(points))}{table}</section>")
+
+
+def index_html(summary: Path, capacity_csv: Path | None, plots: Sequence[Path], out: Path) -> None:
+    rows = read_summary(summary)
+    capacity = read_summary(capacity_csv) if capacity_csv and capacity_csv.exists() else []
+    cap_cols = list(capacity[0]) if capacity else []
+    published = [r for r in rows if r.get("published_refs")]
+    cols = list(rows[0]) if rows else []
+    ordered = [c for c in LEAD if c in cols] + [c for c in cols if c not in LEAD]
+    experiments = sorted({r["experiment"] for r in rows})
+    n_ok = sum(r.get("status") == "ok" for r in rows)
+    images = "".join(f"<figure><img alt='{html.escape(p.stem)}' src='data:image/png;base64,"
+                     f"{base64.b64encode(p.read_bytes()).decode()}'><figcaption>{html.escape(p.stem)}</figcaption>"
+                     f"</figure>" for p in plots if p.exists())
+    page = (f"<!doctype html><html><head><meta charset='utf-8'><title>bakeoff: {html.escape(', '.join(experiments))}"
+            f"</title>{STYLE}<style>section{{margin-bottom:2em}}table.answer td,table.answer th{{text-align:left}}"
+            f"img{{max-width:100%}}</style></head><body>"
+            f"<h1>bakeoff: {html.escape(', '.join(experiments))}</h1>"
+            f"<p>{len(rows)} rows, {n_ok} ok; {len(capacity)} capacity results. Every number below is in "
+            f"results/summary.csv and results/capacity.csv.</p>"
+            f"{answer_html(rows, capacity)}{frontier_html(rows, capacity)}"
+            f"<section id='capacity'><h2>Capacity under each SLO</h2>"
+            + (_table(cap_cols, capacity, "sortable") if capacity else
+               "<p>No capacity search ran (set <code>load.mode=capacity</code>).</p>")
+            + "</section><section id='published'><h2>Published numbers beside ours</h2>"
+            + (_table(PUBLISHED, published, "sortable") if published else
+               "<p>No row matches a published number (data/published_numbers.yaml).</p>")
+            + f"</section><section id='plots'><h2>Plots</h2>{images}</section>"
+            f"<section id='table'><h2>Every row</h2><input id='filter' placeholder='filter rows'>"
+            f"{_table(ordered, rows, 'sortable', 'data-filter=filter')}</section>{SCRIPT}</body></html>\n")
+    atomic_write_text(out, page)

@@ -1,0 +1,125 @@
+"""results/report/index.html: the answer section, as a browser renders it, against the summary's own numbers.
+
+The page is opened in headless Chromium (Debian's, installed by `make test`); its leader rows are read from
+the rendered DOM and checked against leaders computed here, independently, from results/summary.csv.
+"""
+
+from __future__ import annotations
+
+import shutil
+import statistics
+import subprocess
+import tempfile
+from collections import defaultdict
+from html.parser import HTMLParser
+from pathlib import Path
+
+import pytest
+
+from bakeoff.report.answer import fixed_leaders, frontier
+from bakeoff.report.index import index_html
+
+from conftest import Pipeline
+
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking",
+         "--disable-component-update", "--disable-sync", "--virtual-time-budget=5000"]
+
+
+def render(page: Path) -> str:
+    """The page's DOM after its scripts ran, as Chromium dumps it (offline: a file:// address)."""
+    assert Path(CHROMIUM).exists(), f"{CHROMIUM} is missing: `make test` installs Debian's chromium"
+    with tempfile.TemporaryDirectory() as profile:
+        proc = subprocess.run([CHROMIUM, *FLAGS, f"--user-data-dir={profile}", "--dump-dom", page.resolve().as_uri()],
+                              capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and "<body" in proc.stdout, proc.stderr[-2000:]
+    return proc.stdout
+
+
+class _Leads(HTMLParser):
+    """Every ``tr.lead`` of the answer section, by its data attributes."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.rows: list[dict[str, str]] = []
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        a = {k: v or "" for k, v in attrs}
+        if tag == "tr" and a.get("class") == "lead":
+            self.rows.append({k.removeprefix("data-"): v for k, v in a.items() if k.startswith("data-")})
+
+
+def _leads(dom: str) -> list[dict[str, str]]:
+    p = _Leads()
+    p.feed(dom)
+    return p.rows
+
+
+def _summary_leaders(rows: list[dict[str, str]]) -> dict[tuple[str, str, str], tuple[str, float]]:
+    """The test's own arithmetic: the highest mean output tok/s over ok fixed repeats, per cell."""
+    cells: dict[tuple[str, str, str], dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
+    for r in rows:
+        if r["status"] == "ok" and not r.get("probe_of") and r["output_throughput"]:
+            cells[(r["experiment"], r["prompt_len"], f"c={r['concurrency']}")][f"{r['engine']}-{r['format']}"].append(
+                float(r["output_throughput"]))
+    out = {}
+    for key, by_variant in cells.items():
+        value, leader = max((statistics.fmean(v), name) for name, v in by_variant.items())
+        out[key] = (leader, value)
+    return out
+
+
+@pytest.mark.slow
+def test_the_rendered_answer_names_the_summarys_leaders(pipeline: Pipeline) -> None:
+    page = pipeline.results / "report" / "index.html"
+    rows = pipeline.rows()
+    dom = render(page)
+    shown = {(r["experiment"], r["prompt"], r["load"]): (r["leader"], float(r["value"]))
+             for r in _leads(dom) if r["load"].startswith("c=")}
+    expected = _summary_leaders(rows)
+    assert shown.keys() == expected.keys()
+    for key, (leader, value) in expected.items():
+        assert shown[key][0] == leader and shown[key][1] == pytest.approx(value, rel=1e-12), key
+    slo_rows = [r for r in _leads(dom) if not r["load"].startswith("c=")]
+    assert {r["load"] for r in slo_rows} == {"server", "interactive", "cpu"}  # no search in ci: the fixed cells' answer
+    # self-contained: nothing fetched, every image inline, and the full table has every row
+    assert "http://" not in dom.replace("http://www.w3.org", "") and "https://" not in dom
+    assert dom.count("<img") >= 2 and all("data:image/png;base64," in chunk.split(">")[0]
+                                          for chunk in dom.split("<img")[1:])
+    table = dom[dom.index("id=\"table\""):]
+    assert table.count("<tr") == len(rows) + 1
+
+
+def _row(variant: str, c: int, tok_s: float, block: int, kl: str = "") -> dict[str, str]:
+    engine, fmt = variant.split("-")
+    return {"experiment": "e", "model": "m", "engine": engine, "format": fmt, "hardware": "h", "node_id": "n",
+            "concurrency": str(c), "prompt_len": "128", "output_len": "32", "request_rate": "", "status": "ok",
+            "output_throughput": str(tok_s), "block": str(block), "p99_ttft_ms": "100", "p99_tpot_ms": "20",
+            "kl_vs_fp16": kl, "joules_per_output_token": ""}
+
+
+def test_leaders_say_whether_the_margin_is_beyond_the_noise() -> None:
+    clear = [_row("llamacpp-q4", 8, v, b) for b, v in enumerate((110.0, 111.0, 109.0))]
+    clear += [_row("llamacpp-f16", 8, v, b) for b, v in enumerate((100.0, 101.0, 99.5))]
+    noisy = [_row("llamacpp-q4", 1, v, b) for b, v in enumerate((50.0, 58.0, 45.0))]
+    noisy += [_row("llamacpp-f16", 1, v, b) for b, v in enumerate((49.0, 52.0, 50.0))]
+    single = [_row("llamacpp-q4", 32, 300.0, 0), _row("llamacpp-f16", 32, 290.0, 0)]
+    leads = {x.load: x for x in fixed_leaders(clear + noisy + single)}
+    assert leads["c=8"].leader == "llamacpp-q4" and leads["c=8"].verdict.startswith("beyond the noise")
+    assert leads["c=8"].margin_pct == pytest.approx(100 * (110 / 100.1666 - 1), rel=1e-3)
+    assert leads["c=1"].leader == "llamacpp-q4" and leads["c=1"].verdict.startswith("within the noise")
+    assert leads["c=32"].verdict == "no verdict: fewer than 2 repeats a side"
+
+
+def test_the_frontier_marks_only_undominated_variants_and_the_page_is_self_contained(tmp_path: Path) -> None:
+    rows = [_row("llamacpp-f16", 32, 100.0, 0, kl="0"), _row("llamacpp-q8", 32, 120.0, 0, kl="0.01"),
+            _row("llamacpp-q4", 32, 150.0, 0, kl="0.05"), _row("llamacpp-q2", 32, 140.0, 0, kl="0.2")]
+    pareto = {p.variant: p.pareto for p in frontier(rows, [])}
+    assert pareto == {"llamacpp-f16": True, "llamacpp-q8": True, "llamacpp-q4": True, "llamacpp-q2": False}
+    summary = tmp_path / "summary.csv"
+    summary.write_text(",".join(rows[0]) + "\n" + "".join(",".join(r.values()) + "\n" for r in rows))
+    out = tmp_path / "index.html"
+    index_html(summary, None, [], out)
+    page = out.read_text()
+    assert page.index("id='answer'") < page.index("id='frontier'") < page.index("id='capacity'") < page.index("id='table'")
+    assert "<script src" not in page and "<link" not in page and "data:image/png;base64," in page
