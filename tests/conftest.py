@@ -81,6 +81,20 @@ def results_root(path: Path) -> Path:
     return path
 
 
+# Fixtures that start servers, build or run the pipeline: a test using one belongs to the slow tier.
+HEAVY_FIXTURES = {"pipeline", "models", "gguf_models", "toolchain"}
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Refuse a test that needs a heavy fixture without the ``slow`` mark: it would run the pipeline in the fast
+    tier, which promises to start no server and build nothing."""
+    wrong = [f"{i.nodeid} (uses {', '.join(sorted(HEAVY_FIXTURES & set(getattr(i, 'fixturenames', ()))))})"
+             for i in items if HEAVY_FIXTURES & set(getattr(i, "fixturenames", ())) and not i.get_closest_marker("slow")]
+    if wrong:
+        raise pytest.UsageError("tests that need the pipeline, a model or a build must be marked slow:\n  "
+                                + "\n  ".join(wrong))
+
+
 @dataclass(frozen=True)
 class Pipeline:
     """One finished pipeline run: its working directory and the paths tests read."""

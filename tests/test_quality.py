@@ -172,6 +172,7 @@ def test_unknown_eval_task_fails_clearly_before_any_server(pipeline: Pipeline) -
     assert not (pipeline.results / "raw" / "badtask" / MODEL / variant / "server.log").exists()
 
 
+@pytest.mark.slow
 def test_a_rerun_through_snakemake_reuses_the_score_and_samples(pipeline: Pipeline, summary: dict) -> None:
     """Snakemake deletes quality.json and samples.json before it reruns serve_load; both come back unchanged.
 
