@@ -201,16 +201,22 @@ def frontier_figure(points: Sequence[Any]) -> Any:
     fig, axes = plt.subplots(1, len(keys), figsize=(5.5 * len(keys), 4.2), squeeze=False)
     for ax, key in zip(axes[0], keys, strict=True):
         group = [p for p in points if (p.experiment, p.prompt_len) == key]
-        known = [p for p in group if p.kl is not None]
-        if not known:
-            _empty(ax, "no quality loss measured (kl_vs_fp16)")
+        # x: quality loss where every variant has it, else energy per token, else nothing to plot against
+        axis = next(((name, label) for name, label in (
+            ("kl", "quality loss: top-k KL vs 16-bit (lower is better)"),
+            ("joules_per_token", "J per output token (lower is better)")) if group and all(
+                getattr(p, name) is not None for p in group)), None)
+        if axis is None:
+            _empty(ax, "no quality loss (kl_vs_fp16) or energy measured for every variant")
             continue
+        known = group
         for p in known:
-            ax.scatter([p.kl], [p.throughput], s=60, marker="o", facecolors="C3" if p.pareto else "none",
+            x = getattr(p, axis[0])
+            ax.scatter([x], [p.throughput], s=60, marker="o", facecolors="C3" if p.pareto else "none",
                        edgecolors="C3" if p.pareto else "C0")
-            ax.annotate(p.variant, (p.kl, p.throughput), fontsize=8, xytext=(4, 4), textcoords="offset points",
+            ax.annotate(p.variant, (x, p.throughput), fontsize=8, xytext=(4, 4), textcoords="offset points",
                         fontweight="bold" if p.pareto else "normal")
-        ax.set_xlabel("quality loss: top-k KL vs 16-bit (lower is better)")
+        ax.set_xlabel(axis[1])
         ax.set_ylabel(f"output tokens/s ({known[0].throughput_at})" if len({p.throughput_at for p in known}) == 1
                       else "output tokens/s (at capacity, else highest concurrency)")
         ax.set_title(f"{key[0]}, prompt {key[1]}: filled = Pareto-optimal")
