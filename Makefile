@@ -7,7 +7,7 @@ STAMP  := $(VENV)/.bakeoff-installed
 # Rules call the `bakeoff` CLI: the venv's bin must be on PATH for every recipe.
 export PATH := $(CURDIR)/$(BIN):$(PATH)
 
-.PHONY: setup run test test-fast lint clean-venv
+.PHONY: setup run test test-fast lint clean-venv browser
 
 setup: $(STAMP)
 
@@ -28,7 +28,18 @@ run: setup
 
 # The full suite: lint, the fast tier over every core, then the `slow` tests in one process (they share one
 # pipeline run of the `ci` experiment, see tests/conftest.py, which a second worker would run again).
-test: setup
+# The report test renders results/report/index.html in Debian's headless Chromium: installed here when missing
+# (as root; otherwise the target says what to install).
+CHROMIUM := $(shell command -v chromium 2>/dev/null)
+browser:
+ifeq ($(CHROMIUM),)
+	@if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+		DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium >/dev/null || \
+		{ apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium >/dev/null; }; \
+	else echo "make test needs Debian's chromium for the report test: sudo apt-get install chromium" >&2; exit 1; fi
+endif
+
+test: setup browser
 	$(BIN)/ruff check
 	$(BIN)/snakemake --lint
 	# Both tiers run even when the first fails, and the target fails if either did.

@@ -338,3 +338,27 @@ def test_energy_covers_the_measured_requests_only(models: Path, tmp_path: Path, 
     assert cell["energy_j"] / _MeteredNvml.WATTS == pytest.approx(measured_s, rel=0.05, abs=0.1)
     assert cell["joules_per_output_token"] == pytest.approx(cell["energy_j"] / cell["total_output_tokens"])
     assert cell["gpu_uuids"] == ["GPU-metered"] and cell["avg_power_w"] == pytest.approx(_MeteredNvml.WATTS, rel=0.01)
+
+
+def test_capacity_mode_keeps_every_probe_as_a_cell_and_reuses_the_search(models: Path, tmp_path: Path) -> None:
+    load = _small_load(concurrency=[1], num_requests=2, output_len=8, mode="capacity",
+                       capacity={"slo": ["server"], "min_requests": 4, "waves": 1, "max_probes": 3,
+                                 "max_concurrency": 4, "rate": True})
+    v = _llama_variant(models, tmp_path)
+    out = tmp_path / "raw"
+    index = serve_load.run(ServeJob(load=load, out_dir=out, **v))
+    (row,) = index["capacity"]
+    probes = [c for c in index["cells"] if c.get("probe_of")]
+    closed = [c for c in probes if c["probe_of"] == "concurrency"]
+    assert len(closed) == row["concurrency_probes"] <= 3 and len(probes) - len(closed) == row.get("rate_probes", 0)
+    passed = [c["concurrency"] for c in closed if c["probe_passed"]]
+    assert row["capacity_concurrency"] == max(passed, default=0)
+    for c in probes:  # a probe is a cell: its files, its SLO, its verdict
+        assert (out / f"{c['cell']}.json").is_file() and (out / f"{c['cell']}.jsonl").is_file()
+        assert c["slo"] == "server" and c["status"] in ("ok", "degraded", "failed")
+    if row["capacity_concurrency"]:
+        best = next(c for c in closed if c["concurrency"] == row["capacity_concurrency"])
+        assert row["output_throughput_at_capacity"] == best["output_throughput"]
+    again = serve_load.run(ServeJob(load=load, out_dir=out, **v))
+    assert again["capacity"] == index["capacity"]  # kept: the search is not run again for the same settings
+    assert [c["started_utc"] for c in again["cells"]] == [c["started_utc"] for c in index["cells"]]
