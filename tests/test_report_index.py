@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from bakeoff.report.answer import fixed_leaders, frontier
+from bakeoff.report.answer import fixed_leaders, frontier, slo_leaders
 from bakeoff.report.index import index_html
 
 from conftest import Pipeline
@@ -123,3 +123,28 @@ def test_the_frontier_marks_only_undominated_variants_and_the_page_is_self_conta
     page = out.read_text()
     assert page.index("id='answer'") < page.index("id='frontier'") < page.index("id='capacity'") < page.index("id='table'")
     assert "<script src" not in page and "<link" not in page and "data:image/png;base64," in page
+
+
+def _cap(variant: str, slo: str, c: int, converged: bool = True, tput: str = "") -> dict[str, str]:
+    engine, fmt = variant.split("-")
+    return {"experiment": "e", "engine": engine, "format": fmt, "prompt_len": "128", "slo": slo,
+            "capacity_concurrency": str(c), "concurrency_converged": str(converged), "concurrency_at_limit": "False",
+            "capacity_rate": "", "output_throughput_at_capacity": tput}
+
+
+def test_slo_leaders_rank_by_capacity_and_give_no_verdict_on_an_open_search() -> None:
+    leads = {x.load: x for x in slo_leaders([], [_cap("llamacpp-q4", "server", 12), _cap("llamacpp-f16", "server", 8),
+                                                   _cap("llamacpp-q4", "interactive", 5),
+                                                   _cap("llamacpp-f16", "interactive", 4),
+                                                   _cap("llamacpp-q4", "cpu", 16, converged=False),
+                                                   _cap("llamacpp-f16", "cpu", 9)])}
+    assert (leads["server"].leader, leads["server"].value, leads["server"].runner_up) == ("llamacpp-q4", 12, "llamacpp-f16")
+    assert leads["server"].verdict == "beyond the search's resolution"
+    assert leads["interactive"].verdict.startswith("within the search's resolution")
+    cpu = leads["cpu"].verdict
+    assert cpu.startswith("no verdict: a search stopped at its probe limit") and "llamacpp-q4" in cpu
+    # a variant with capacity 0 sits on the frontier at 0 tok/s, not at some other cell's throughput
+    rows = [_row("llamacpp-q4", 1, 76.0, 0, kl="0.04"), _row("llamacpp-f16", 1, 100.0, 0, kl="0")]
+    pts = {p.variant: p for p in frontier(rows, [_cap("llamacpp-q4", "cpu", 0), _cap("llamacpp-f16", "cpu", 4, tput="230")])}
+    assert pts["llamacpp-q4"].throughput == 0.0 and pts["llamacpp-f16"].throughput == 230.0
+    assert pts["llamacpp-f16"].pareto and not pts["llamacpp-q4"].pareto

@@ -102,6 +102,10 @@ def slo_leaders(rows: Sequence[Row], capacity: Sequence[Row]) -> list[Lead]:
                    "within the search's resolution (one concurrency step)")
         if value == second and str(lead.get("concurrency_at_limit")) == "True":
             verdict = "tied at the search's maximum concurrency: both serve at least this many"
+        open_ended = [_variant(r) for r in (lead, runner) if str(r.get("concurrency_converged")) != "True"]
+        if open_ended:
+            verdict = (f"no verdict: a search stopped at its probe limit before converging ({', '.join(open_ended)}); "
+                       f"its capacity is a lower bound")
         out.append(Lead(exp, p, slo, _variant(lead), value, _variant(runner), second, verdict))
     if searched:
         return out
@@ -160,8 +164,8 @@ def frontier(rows: Sequence[Row], capacity: Sequence[Row]) -> list[FrontierPoint
     for key in sorted(set(top_c) | set(cap)):
         exp, p, v = key
         c = cap.get(key)
-        if c is not None and number(c.get("output_throughput_at_capacity")) is not None:
-            tput, at = number(c["output_throughput_at_capacity"]), f"capacity under {c['slo']}"
+        if c is not None:  # a capacity of 0 serves nothing within the SLO: throughput 0, not another cell's
+            tput, at = number(c.get("output_throughput_at_capacity")) or 0.0, f"capacity under {c['slo']}"
             jpt = number(c.get("joules_per_output_token_at_capacity"))
         elif top_c.get(key):
             g = top_c[key]
