@@ -42,7 +42,7 @@ test-fast: setup
 # The cluster tier (tests/test_cluster.py): a real single-node Slurm started by the tests, and the `ci`
 # experiment's q4_k_m variant through `snakemake --executor slurm`. As root it installs Debian's slurm-wlm
 # and munge; otherwise it names what is missing and fails.
-CLUSTER_TOOLS := munged mungekey slurmctld slurmd sbatch squeue scancel scontrol sinfo
+CLUSTER_TOOLS := munged mungekey slurmctld slurmd sbatch srun squeue scancel scontrol sinfo
 test-cluster: setup
 	@missing=""; for t in $(CLUSTER_TOOLS); do command -v $$t >/dev/null || test -x /usr/sbin/$$t || missing="$$missing $$t"; done; \
 	if [ -n "$$missing" ]; then \

@@ -2,9 +2,11 @@
 
 Why: the SLURM profile had only been planned (dry runs). This starts munged, slurmctld and slurmd in a
 temporary directory with a generated slurm.conf (one node, this machine; a GPU gres only where nvidia-smi
-lists GPUs), so the workflow's jobs go through a real scheduler. Nothing under /etc is read or written:
-every client finds the cluster through ``SLURM_CONF``. Teardown cancels every job, stops the daemons and
-fails loudly if any Slurm process outlives them.
+lists GPUs), so the workflow's jobs go through a real scheduler. The host's /etc is never written: clients
+here find the cluster through ``SLURM_CONF``, and slurmd runs in a private mount namespace whose
+/etc/slurm is the temporary directory, so a job's own ``srun`` finds the config where a real node keeps it
+(the SLURM executor's job step drops ``SLURM_CONF`` from srun's environment). Teardown cancels every job,
+stops the daemons and fails loudly if any Slurm process outlives them.
 
 Finished jobs are recorded by ``jobcomp/filetxt`` (one ``Key=Value`` line a job): no slurmdbd or database
 is needed, and the record stays after ``MinJobAge``; see :meth:`SlurmCluster.records`.
@@ -28,7 +30,7 @@ import psutil
 
 DAEMONS = {"munged": "munge", "slurmctld": "slurmctld", "slurmd": "slurmd"}  # binary -> Debian package
 CLIENTS = {"sinfo": "slurm-client", "sbatch": "slurm-client", "squeue": "slurm-client", "scancel": "slurm-client",
-           "scontrol": "slurm-client", "mungekey": "munge"}
+           "scontrol": "slurm-client", "srun": "slurm-client", "mungekey": "munge", "unshare": "util-linux"}
 PARTITION = "bakeoff"
 # jobcomp/filetxt writes one line a job: Key=Value pairs separated by spaces (values have none but Name's,
 # which a following " Key=" ends).
@@ -93,7 +95,7 @@ class SlurmCluster:
 
     @property
     def conf(self) -> Path:
-        return self.root / "slurm.conf"
+        return self.root / "etc" / "slurm.conf"
 
     @property
     def jobcomp(self) -> Path:
@@ -209,7 +211,7 @@ def slurm_cluster(root: Path, min_cpus: int = 1, min_mem_mb: int = 1, timeout: f
                            f"apt-get install -y {' '.join(sorted(set(missing.values())))}")
     root.mkdir(parents=True, exist_ok=True)
     root.chmod(0o700)  # munged refuses a key or socket in a directory others can write
-    for sub in ("state", "spool", "munge"):
+    for sub in ("state", "spool", "munge", "etc"):
         (root / sub).mkdir(exist_ok=True)
     (root / "munge").chmod(0o700)
     node = socket.gethostname().split(".")[0]
@@ -228,7 +230,10 @@ def slurm_cluster(root: Path, min_cpus: int = 1, min_mem_mb: int = 1, timeout: f
                        f"--pid-file={root}/munge/munged.pid", f"--seed-file={root}/munge/munged.seed",
                        f"--log-file={root}/munged.log"],
             "slurmctld": [_exe("slurmctld"), "-D", "-i", "-f", str(cluster.conf)],
-            "slurmd": [_exe("slurmd"), "-D", "-f", str(cluster.conf), "-N", node],
+            # /etc/slurm of slurmd and its jobs (not of this host): the generated config.
+            "slurmd": ["unshare", "--mount", "--propagation", "private", "sh", "-c",
+                       'mount --bind "$1" /etc/slurm && exec "$2" -D -f "$3" -N "$4"', "slurmd",
+                       str(cluster.conf.parent), _exe("slurmd"), str(cluster.conf), node],
         }
         for name, cmd in commands.items():
             with open(root / f"{name}.out", "w") as out:

@@ -35,10 +35,11 @@ PROFILE = ROOT / "workflow" / "profiles" / "slurm" / "config.yaml"
 # The ci experiment's llama.cpp q4_k_m variant: a build, a quantize, a serve_load and the summary.
 CONFIG = ["--config", "experiment=ci", "overrides=~experiment.variants.vllm experiment.variants.llamacpp=[q4_k_m]"]
 TARGET = "results/summary.csv"
-CANCEL = "serve_load"  # the rule whose job run 1 cancels mid-run
+CANCEL = "serve_load"  # the rule whose job run 1 cancels mid-run: once its server has started (its log exists)
+SERVED, SERVER_LOG = "llamacpp-q4_k_m", "server.log"
 # This cluster's differences from a site with slurmdbd: job status from squeue (MinJobAge keeps finished
 # jobs there), a short first status poll (a test waits for it), and the job logs kept for the tests to read.
-EXECUTOR_SETTINGS = {"slurm-status-command": "squeue", "slurm-init-seconds-before-status-checks": 2,
+EXECUTOR_SETTINGS = {"slurm-status-command": "squeue", "slurm-init-seconds-before-status-checks": 1,
                      "slurm-keep-successful-logs": True}
 SHARED = ("Snakefile", "workflow", "conf", "data", "envs")
 RUN_TIMEOUT = 1500
@@ -137,8 +138,7 @@ def _run_and_cancel(cluster: SlurmCluster, cwd: Path, env: dict[str, str], profi
             if not cancelled:
                 running = [i for i, state, comment in cluster.queue()
                            if state == "RUNNING" and comment.startswith(f"rule_{CANCEL}_")]
-                serve_log = cwd / "logs/results/raw/ci/smollm2-135m/llamacpp-q4_k_m.log"
-                if running and serve_log.exists() and serve_log.stat().st_size > 0:
+                if running and SERVER_LOG in {p.name for p in cwd.glob(f"results/raw/ci/*/{SERVED}/*")}:
                     cluster.run("scancel", running[0])
                     cancelled = running[0]
             time.sleep(1)
@@ -203,6 +203,10 @@ def test_every_job_completed_with_the_cpus_and_memory_it_requested(cluster_run: 
             f"{planned.comment}: allocated {got['cpu']} CPUs, the profile asks {want['cpus_per_task']}")
         assert mem_mb(got["mem"]) == int(want["mem_mb"]), (
             f"{planned.comment}: allocated {got['mem']} memory, the profile asks mem_mb={want['mem_mb']}")
+        threads = int(planned.fields.get("threads", 1))
+        assert threads <= int(got["cpu"]), (
+            f"{planned.comment} runs {threads} threads on the {got['cpu']} CPUs Slurm allocated: make rule "
+            f"{planned.rule}'s set-threads and cpus_per_task agree in workflow/profiles/slurm/config.yaml")
         assert record["Partition"] == cluster_run.cluster.partition
     # What the issue asks to go through the scheduler; bookkeeping stays on the submit host.
     assert {"doctor", "build_llamacpp", "quantize_gguf", "kernel_bench", "serve_load"} <= submitted, submitted
