@@ -32,12 +32,12 @@ test: setup
 	$(BIN)/ruff check
 	$(BIN)/snakemake --lint
 	# Both tiers run even when the first fails, and the target fails if either did.
-	fast=0; $(BIN)/pytest -m "not slow and not cluster" -n auto || fast=$$?; $(BIN)/pytest -m "slow and not cluster" && exit $$fast
+	fast=0; $(BIN)/pytest -m "not slow" -n auto || fast=$$?; $(BIN)/pytest -m "slow and not cluster" && exit $$fast
 
 # The fast tier, after every change: no server start, no build, no pipeline run.
 test-fast: setup
 	$(BIN)/ruff check
-	$(BIN)/pytest -m "not slow and not cluster" -n auto
+	$(BIN)/pytest -m "not slow" -n auto
 
 # The cluster tier (tests/test_cluster.py): a real single-node Slurm started by the tests, and the `ci`
 # experiment's q4_k_m variant through `snakemake --executor slurm`. As root it installs Debian's slurm-wlm
@@ -56,7 +56,7 @@ test-cluster: setup
 	  fi; \
 	fi
 	@[ "$$(id -u)" = 0 ] || { echo "test-cluster: slurmd must run as root (it starts jobs as their user); run as root" >&2; exit 1; }
-	$(BIN)/pytest -m cluster tests/test_cluster.py
+	$(BIN)/pytest -m cluster
 
 lint: setup
 	$(BIN)/ruff check
