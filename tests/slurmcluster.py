@@ -92,6 +92,7 @@ class SlurmCluster:
     gpus: int
     partition: str = PARTITION
     procs: dict[str, subprocess.Popen] = field(default_factory=dict)
+    node_ns: str = ""  # slurmd's mount namespace: its jobs' processes share it
 
     @property
     def conf(self) -> Path:
@@ -194,8 +195,22 @@ def _stop(proc: subprocess.Popen, grace: float = 10) -> None:
         proc.wait(5)
 
 
-def _slurmstepds() -> set[int]:
-    return {p.pid for p in psutil.process_iter(["name"]) if (p.info.get("name") or "").startswith("slurmstepd")}
+def _mount_ns(pid: int) -> str:
+    return os.readlink(f"/proc/{pid}/ns/mnt")
+
+
+def _node_processes(cluster: SlurmCluster) -> set[int]:
+    """The node's processes but slurmd: job step daemons (slurmstepd detaches from slurmd) and the jobs'
+    processes, told from everything else on the machine by slurmd's private mount namespace."""
+    slurmd = cluster.procs.get("slurmd")
+    if slurmd is None or not cluster.node_ns:
+        return set()
+    pids = set()
+    for p in psutil.process_iter():
+        with suppress(psutil.Error, OSError):
+            if p.pid != slurmd.pid and p.status() != psutil.STATUS_ZOMBIE and _mount_ns(p.pid) == cluster.node_ns:
+                pids.add(p.pid)
+    return pids
 
 
 @contextmanager
@@ -221,7 +236,6 @@ def slurm_cluster(root: Path, min_cpus: int = 1, min_mem_mb: int = 1, timeout: f
     sock = root / "munge" / "munge.socket"
     key = root / "munge" / "munge.key"
     cluster.conf.write_text(_conf(root, node, cpus, mem, cluster.gpus, (_free_port(), _free_port()), sock))
-    steps_before = _slurmstepds()
     try:
         subprocess.run([_exe("mungekey"), "--create", f"--keyfile={key}"], check=True, capture_output=True)
         key.chmod(0o400)
@@ -242,9 +256,12 @@ def slurm_cluster(root: Path, min_cpus: int = 1, min_mem_mb: int = 1, timeout: f
             if name == "munged":
                 _wait(lambda: sock.exists(), timeout, "munged's socket", cluster)
         _wait(lambda: cluster.node_state() == "idle", timeout, f"sinfo to show node {node} idle", cluster)
+        cluster.node_ns = _mount_ns(cluster.procs["slurmd"].pid)
+        if cluster.node_ns == _mount_ns(os.getpid()):
+            raise RuntimeError("slurmd did not get a mount namespace of its own (unshare --mount)")
         yield cluster
     finally:
-        _teardown(cluster, steps_before)
+        _teardown(cluster)
 
 
 def _wait(ready, timeout: float, what: str, cluster: SlurmCluster) -> None:
@@ -257,21 +274,23 @@ def _wait(ready, timeout: float, what: str, cluster: SlurmCluster) -> None:
         time.sleep(0.5)
 
 
-def _teardown(cluster: SlurmCluster, steps_before: set[int]) -> None:
+def _teardown(cluster: SlurmCluster) -> None:
     """Cancel every job, stop the daemons (slurmd first), and refuse to leave a job's processes behind."""
     if all(p.poll() is None for p in cluster.procs.values()) and len(cluster.procs) == len(DAEMONS):
-        cluster.run("scancel", f"--partition={cluster.partition}", check=False)
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline and any(s in ("RUNNING", "COMPLETING", "PENDING", "CONFIGURING")
-                                                  for _, s, _ in cluster.queue()):
-            time.sleep(0.5)
+        with suppress(RuntimeError, subprocess.TimeoutExpired):  # a dead controller: stop what is left anyway
+            cluster.run("scancel", f"--partition={cluster.partition}", check=False)
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline and any(s in ("RUNNING", "COMPLETING", "PENDING", "CONFIGURING")
+                                                      for _, s, _ in cluster.queue()):
+                time.sleep(0.5)
     deadline = time.monotonic() + 30
-    while (left := _slurmstepds() - steps_before) and time.monotonic() < deadline:
+    while (left := _node_processes(cluster)) and time.monotonic() < deadline:
         time.sleep(0.5)
+    left = _node_processes(cluster)
     for name in reversed(list(cluster.procs)):
         _stop(cluster.procs[name])
     for pid in left:
         with suppress(psutil.NoSuchProcess):
             psutil.Process(pid).kill()
     if left:
-        raise RuntimeError(f"slurmstepd processes outlived the test cluster (killed): {sorted(left)}")
+        raise RuntimeError(f"job processes outlived the test cluster's jobs (killed): {sorted(left)}")
