@@ -7,7 +7,7 @@ STAMP  := $(VENV)/.bakeoff-installed
 # Rules call the `bakeoff` CLI: the venv's bin must be on PATH for every recipe.
 export PATH := $(CURDIR)/$(BIN):$(PATH)
 
-.PHONY: setup run test test-fast lint clean-venv browser
+.PHONY: setup run test test-fast test-cluster lint clean-venv browser
 
 setup: $(STAMP)
 
@@ -43,12 +43,31 @@ test: setup browser
 	$(BIN)/ruff check
 	$(BIN)/snakemake --lint
 	# Both tiers run even when the first fails, and the target fails if either did.
-	fast=0; $(BIN)/pytest -m "not slow" -n auto || fast=$$?; $(BIN)/pytest -m slow && exit $$fast
+	fast=0; $(BIN)/pytest -m "not slow" -n auto || fast=$$?; $(BIN)/pytest -m "slow and not cluster" && exit $$fast
 
 # The fast tier, after every change: no server start, no build, no pipeline run.
 test-fast: setup
 	$(BIN)/ruff check
 	$(BIN)/pytest -m "not slow" -n auto
+
+# The cluster tier (tests/test_cluster.py): a real single-node Slurm started by the tests, and the `ci`
+# experiment's q4_k_m variant through `snakemake --executor slurm`. As root it installs Debian's slurm-wlm
+# and munge; otherwise it names what is missing and fails.
+CLUSTER_TOOLS := munged mungekey slurmctld slurmd sbatch srun squeue scancel scontrol sinfo
+test-cluster: setup
+	@missing=""; for t in $(CLUSTER_TOOLS); do command -v $$t >/dev/null || test -x /usr/sbin/$$t || missing="$$missing $$t"; done; \
+	if [ -n "$$missing" ]; then \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	    echo "test-cluster: installing slurm-wlm and munge (missing:$$missing)"; \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq slurm-wlm munge >/dev/null; \
+	  else \
+	    echo "test-cluster: missing$$missing (Debian packages slurm-wlm and munge)." >&2; \
+	    echo "  Install them as root: apt-get install -y slurm-wlm munge; the tier also runs the daemons as root." >&2; \
+	    exit 1; \
+	  fi; \
+	fi
+	@[ "$$(id -u)" = 0 ] || { echo "test-cluster: slurmd must run as root (it starts jobs as their user); run as root" >&2; exit 1; }
+	$(BIN)/pytest -m cluster
 
 lint: setup
 	$(BIN)/ruff check
