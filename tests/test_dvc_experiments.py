@@ -4,7 +4,7 @@ Two tiny experiments run through real DVC with **this repository's dvc.yaml** --
 settings), metrics and plots sections unchanged -- in a scratch git repository with the repository's
 .gitignore (results/ is not in git, so git cannot bring results back; only DVC's cache can). Only the stage's command is
 replaced: a stand-in script writes results of the same names and shapes (summary.csv columns the plots read,
-metrics.json, plots PNGs, samples, report pages) from a parameter in seconds, instead of the pipeline's
+metrics.json, capacity.csv, plots PNGs, samples, report pages) from a parameter in seconds, instead of the pipeline's
 twenty minutes. What is tested is DVC's handling of those outs, not the pipeline's numbers.
 """
 
@@ -36,6 +36,7 @@ for d in ("models", "build", "results/raw"):
 rows = ["concurrency,output_throughput,median_tpot_ms,decode_efficiency_pct"]
 rows += [f"{c},{p['scale'] * 10 * c},{20.0 / p['scale']},{p['scale'] * 30}" for c in p["load"]["concurrency"]]
 (r / "summary.csv").write_text("\\n".join(rows) + "\\n")
+(r / "capacity.csv").write_text("variant,capacity_concurrency\\nllamacpp-f16," + str(p["scale"] * 4) + "\\n")
 (r / "metrics.json").write_text(json.dumps({"ci": {"llamacpp-f16": {"c1-p128": {"output_throughput": p["scale"] * 10}}}}))
 (r / "samples" / "ci.md").write_text(f"scale {p['scale']}\\n")
 (r / "report" / "summary.html").write_text(f"<p>scale {p['scale']}</p>\\n")
