@@ -30,11 +30,15 @@ def _plan(engine: EngineCfg, eval_cfg: EvalCfg, manifest: dict, out: Path) -> Qu
     return QualityPlan.make(engine, eval_cfg, manifest, out, synthetic=False, eval_toolchain_dir=None)
 
 
-def test_a_recorded_score_is_reused_and_changed_inputs_are_rescored(tmp_path: Path) -> None:
-    engine = load_config([]).engines["llamacpp"]
-    manifest = _artifact(tmp_path / "model", b"weights v1")
+def _setup(tmp_path: Path, weights: bytes = b"weights") -> tuple[EngineCfg, dict, Path]:
+    """The default llama.cpp engine, a model artifact, and an empty variant directory."""
     out = tmp_path / "raw"
     out.mkdir()
+    return load_config([]).engines["llamacpp"], _artifact(tmp_path / "model", weights), out
+
+
+def test_a_recorded_score_is_reused_and_changed_inputs_are_rescored(tmp_path: Path) -> None:
+    engine, manifest, out = _setup(tmp_path, b"weights v1")
 
     first = _plan(engine, EVAL, manifest, out)
     assert first.needed and not first.on_load_server  # llama-server scores on its eval_server
@@ -59,10 +63,7 @@ def test_a_recorded_score_is_reused_and_changed_inputs_are_rescored(tmp_path: Pa
 
 def test_the_score_is_reused_after_snakemake_deleted_the_declared_output(tmp_path: Path) -> None:
     """Snakemake removes quality.json before a rerun; the kept copy is what decides, and it is put back."""
-    engine = load_config([]).engines["llamacpp"]
-    manifest = _artifact(tmp_path / "model", b"weights")
-    out = tmp_path / "raw"
-    out.mkdir()
+    engine, manifest, out = _setup(tmp_path)
     first = _plan(engine, EVAL, manifest, out)
     first.record_status("ok", "", tasks={"arc_easy": {"acc": 0.5}})
     recorded = (out / QUALITY_FILE).read_text()
@@ -78,9 +79,6 @@ def test_the_score_is_reused_after_snakemake_deleted_the_declared_output(tmp_pat
 
 
 def test_a_failed_score_is_tried_again(tmp_path: Path) -> None:
-    engine = load_config([]).engines["llamacpp"]
-    manifest = _artifact(tmp_path / "model", b"weights")
-    out = tmp_path / "raw"
-    out.mkdir()
+    engine, manifest, out = _setup(tmp_path)
     _plan(engine, EVAL, manifest, out).record_status("failed", "server died during evaluation")
     assert _plan(engine, EVAL, manifest, out).needed
