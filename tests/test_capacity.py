@@ -13,7 +13,18 @@ from collections.abc import Iterator
 
 import pytest
 
-from bakeoff.loadgen.capacity import EarlyStop, Slo, Verdict, judge, search_concurrency, search_rate, violation_limit
+from bakeoff.config.schema import CapacityCfg
+from bakeoff.loadgen.capacity import (
+    EarlyStop,
+    Slo,
+    Verdict,
+    bracket_from_cells,
+    judge,
+    probes_needed,
+    search_concurrency,
+    search_rate,
+    violation_limit,
+)
 from bakeoff.loadgen.metrics import RequestRecord, summarize
 from bakeoff.loadgen.runner import run_cell
 from bakeoff.proc import ManagedProcess, free_port
@@ -99,5 +110,73 @@ def test_the_rate_search_brackets_then_bisects_to_its_resolution() -> None:
 def test_a_variant_that_fails_the_lowest_load_has_capacity_zero() -> None:
     s = search_concurrency(lambda c: Verdict(False, ("ttft",)), start=1, maximum=64, max_probes=8)
     assert s.capacity == 0 and s.converged and [c for c, _ in s.probes] == [1] and s.binding == "ttft"
+    assert [c for c, _, _ in s.rechecks] == [1]  # the lowest fail is re-checked; there is no pass to re-check
     top = search_concurrency(lambda c: Verdict(True), start=4, maximum=32, max_probes=8)
     assert top.at_limit and top.capacity == 32 and [c for c, _ in top.probes] == [4, 8, 16, 32]
+
+
+def _ttft_over() -> RequestRecord:
+    return RequestRecord(0, 4, 8, success=True, ttft=1.01, e2el=1.01 + 7 * 0.05, output_tokens=8)
+
+
+def test_the_early_stop_counts_each_bound_on_its_own_and_stops_at_a_failure() -> None:
+    fast, tpot_over, ttft_over = _req(0.050), _req(0.130), _ttft_over()  # each just over its own bound
+    failed = RequestRecord(0, 4, 8, success=False, error="boom")
+    n = 100
+    stop = EarlyStop(n, SLO)
+    # one request over TTFT only and one over TPOT only: each bound's p99 can still pass, so no stop
+    assert [stop(r) for r in (ttft_over, tpot_over, *[fast] * 98)] == [False] * 100
+    recs = [ttft_over, tpot_over, *[fast] * 98]
+    assert judge(summarize(recs, 1.0), SLO).passed  # and indeed both p99s pass
+    two_ttft = EarlyStop(n, SLO)
+    assert [two_ttft(r) for r in (ttft_over, fast, ttft_over)] == [False, False, True]
+    assert EarlyStop(n, SLO)(failed)  # a failed request fails the probe: stop at once
+
+
+@pytest.mark.parametrize("truth", [12, 28, 40])
+def test_the_schema_defaults_locate_a_gpu_scale_capacity_exactly(truth: int) -> None:
+    d = CapacityCfg()
+    calls: list[int] = []
+
+    def probe(c: int) -> Verdict:
+        calls.append(c)
+        return Verdict(c <= truth, () if c <= truth else ("tpot",))
+
+    s = search_concurrency(probe, d.start_concurrency, d.max_concurrency, d.max_probes)
+    assert s.converged and s.capacity == truth and not s.uncertain, s.probes
+    assert [c for c, _, _ in s.rechecks] == [truth, truth + 1]
+    # seeded from fixed cells at c = 1, 8, 32 (the seed's loads): fewer probes, same answer
+    met = {c: c <= truth for c in (1, 8, 32)}
+    seeded = search_concurrency(probe, d.start_concurrency, d.max_concurrency, d.max_probes,
+                                *bracket_from_cells(met))
+    assert seeded.converged and seeded.capacity == truth and len(seeded.probes) < len(s.probes)
+    assert all(8 < c < 32 for c, _ in seeded.probes) if truth < 32 else all(c > 32 for c, _ in seeded.probes)
+
+
+def test_the_default_budget_converges_for_every_capacity_up_to_the_maximum() -> None:
+    budget = probes_needed(1, 64)
+    for truth in range(0, 65):
+        s = search_concurrency(lambda c, t=truth: Verdict(c <= t), 1, 64, None, recheck=False)
+        assert s.converged and s.capacity == truth and len(s.probes) <= budget, truth
+    assert budget == 12  # 1..64 by doubling (7), then 5 bisections of a bracket of 32
+
+
+def test_a_noisy_boundary_is_reported_uncertain_with_both_results() -> None:
+    runs: dict[int, int] = {}
+
+    def flaky(c: int) -> Verdict:  # true capacity 20, but c = 20's first run fails by chance
+        runs[c] = runs.get(c, 0) + 1
+        return Verdict(c <= 20 and not (c == 20 and runs[c] == 1))
+
+    s = search_concurrency(flaky, 1, 64)
+    assert s.capacity == 19 and s.converged and s.uncertain
+    assert s.recheck_note == "19: pass, pass; 20: fail, pass"
+    steady = search_concurrency(lambda c: Verdict(c <= 20), 1, 64)
+    assert not steady.uncertain and steady.recheck_note == "20: pass, pass; 21: fail, fail"
+
+
+def test_a_bracket_from_cells_takes_the_lowest_fail_and_the_highest_pass_below_it() -> None:
+    assert bracket_from_cells({1: True, 8: True, 32: False}) == (8, 32)
+    assert bracket_from_cells({1: True, 8: False, 32: True}) == (1, 8)  # a pass above a fail is not trusted
+    assert bracket_from_cells({1: True, 8: True}) == (8, None)
+    assert bracket_from_cells({}) == (0, None)

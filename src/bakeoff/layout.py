@@ -124,16 +124,17 @@ def cell_name(concurrency: Any, prompt_len: Any, repeat: Any = 0) -> str:
     return base if repeat in (None, "", 0, "0") else f"{base}-r{repeat}"
 
 
-def probe_name(slo: str, kind: str, value: float, prompt_len: int) -> str:
-    """A capacity probe's file stem: ``cap-{slo}-c{conc}-p{prompt}`` (closed loop) or ``cap-{slo}-r{rate}-p{prompt}``."""
+def probe_name(slo: str, kind: str, value: float, prompt_len: int, recheck: bool = False) -> str:
+    """A capacity probe's file stem: ``cap-{slo}-c{conc}-p{prompt}`` (closed loop) or ``cap-{slo}-r{rate}-p{prompt}``;
+    a boundary re-check of the same load ends in ``-again``."""
     load = f"c{int(value)}" if kind == "concurrency" else f"r{value:.4g}"
-    return f"cap-{slo}-{load}-p{prompt_len}"
+    return f"cap-{slo}-{load}-p{prompt_len}" + ("-again" if recheck else "")
 
 
 def is_cell_stem(stem: str) -> bool:
     """Whether a file stem is a cell or probe name (``c8-p128``, ``c8-p128-r2``, ``cap-cpu-c4-p32``), not an index
     or a log."""
-    return re.fullmatch(r"c\d+-p\d+(-r[1-9]\d*)?|cap-[a-z0-9_]+-(c\d+|r[0-9.e+-]+)-p\d+", stem) is not None
+    return re.fullmatch(r"c\d+-p\d+(-r[1-9]\d*)?|cap-[a-z0-9_]+-(c\d+|r[0-9.e+-]+)-p\d+(-again)?", stem) is not None
 
 
 def row_cell_name(row: Mapping[str, Any]) -> str:

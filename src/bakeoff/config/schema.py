@@ -191,7 +191,9 @@ class CapacityCfg(_Strict):
     prompt_len: list[PositiveInt] | None = None  # searched at these prompt lengths (null: every load.prompt_len)
     min_requests: PositiveInt = 50  # a probe sends max(min_requests, waves x concurrency) measured requests
     waves: PositiveInt = 4
-    max_probes: PositiveInt = 8  # per search
+    # Per search; null: the most the concurrency search needs for any capacity up to max_concurrency
+    # (bakeoff.loadgen.capacity.probes_needed), and 8 for the rate search.
+    max_probes: PositiveInt | None = None
     start_concurrency: PositiveInt = 1
     max_concurrency: PositiveInt = 64
     rate: bool = True  # also search the open-loop (Poisson) request rate

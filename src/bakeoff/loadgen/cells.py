@@ -35,6 +35,11 @@ def cells_of(load: LoadCfg) -> list[Cell]:
     return [Cell(c, p, r) for r in range(load.repeats) for c in load.concurrency for p in load.prompt_len]
 
 
+def stable_seed(*parts: object) -> int:
+    """A 32-bit seed from ``parts`` that is the same in every process (``hash()`` of a str is salted per process)."""
+    return int.from_bytes(hashlib.sha256(json.dumps([str(p) for p in parts]).encode()).digest()[:4], "big")
+
+
 def requests_for(load: LoadCfg, concurrency: int) -> int:
     """Measured requests of a cell: the per-concurrency override, else max(num_requests, per-slot x c)."""
     if concurrency in load.num_requests_by_concurrency:

@@ -58,7 +58,7 @@ from typing import Any
 
 import numpy as np
 
-from bakeoff.loadgen.bootstrap import STATS, ci_key, percentile_ci
+from bakeoff.loadgen.orderstats import percentile_interval, share_upper_bound
 
 PERCENTILES = (90, 99)
 STAT_METRICS = ("ttft", "tpot", "itl", "e2el")
@@ -66,9 +66,18 @@ THROUGHPUT_METRICS = ("output_throughput", "request_throughput", "total_token_th
 SERVER_TPOT, SERVER_PROMPT = "server_median_tpot_ms", "server_median_prompt_ms"
 SERVER_METRICS = (SERVER_TPOT, SERVER_PROMPT)
 GOODPUT = "request_goodput"
+PEAK_IN_FLIGHT = "peak_in_flight"
 STEADY_METRICS = ("steady_output_throughput", "ramp_s", "tail_s", "tail_share")
-# Per-request bootstrap intervals (bakeoff.loadgen.bootstrap) of these statistics of these latencies.
-CI_METRICS = tuple(ci_key(s, m, end) for m in ("ttft", "tpot", "itl") for s in STATS for end in ("lo", "hi"))
+# 95 % order-statistic intervals (bakeoff.loadgen.orderstats) of these statistics of these latencies.
+CI_STATS = {"median": 50.0, "p99": 99.0}
+
+
+def ci_key(stat: str, metric: str, end: str) -> str:
+    """The column of one end of an interval: ``p99_ttft_ms_ci_lo``; empty where that end is open."""
+    return f"{stat}_{metric}_ms_ci_{end}"
+
+
+CI_METRICS = tuple(ci_key(s, m, end) for m in ("ttft", "tpot", "itl") for s in CI_STATS for end in ("lo", "hi"))
 
 
 def stat_key(stat: str, metric: str) -> str:
@@ -149,6 +158,28 @@ def steady_state(records: list[RequestRecord], concurrency: int) -> dict[str, fl
             "tail_share": (last - span_end) / duration if duration > 0 else None}
 
 
+def over_shares(ok: list[RequestRecord], slos_ms: dict[str, float]) -> dict[str, float | None]:
+    """Per bound: the share of completed requests over it, and a one-sided 95 % upper bound on the true share."""
+    out: dict[str, float | None] = {}
+    for k, bound in slos_ms.items():
+        n_over = sum(1000.0 * v > bound for r in ok
+                     if (v := {"ttft": r.ttft, "tpot": r.tpot, "e2el": r.e2el}.get(k)) is not None)
+        out[f"over_{k}_share"] = n_over / len(ok) if ok else None
+        out[f"over_{k}_share_ub95"] = share_upper_bound(n_over, len(ok))
+    return out
+
+
+def peak_in_flight(records: list[RequestRecord]) -> int:
+    """The most measured requests in flight at once (an open-loop cell's real concurrency)."""
+    events = sorted([(r.start, 1) for r in records] + [(r.start + r.e2el, -1) for r in records],
+                    key=lambda e: (e[0], e[1]))
+    peak = now = 0
+    for _, step in events:
+        now += step
+        peak = max(peak, now)
+    return peak
+
+
 def summarize(records: list[RequestRecord], duration_s: float, slos_ms: dict[str, float] | None = None,
               concurrency: int | None = None) -> dict[str, Any]:
     """Flat metric dict for one cell (keys as in ``vllm bench serve``; the steady span where ``concurrency`` is given)."""
@@ -177,12 +208,15 @@ def summarize(records: list[RequestRecord], duration_s: float, slos_ms: dict[str
     }
     for name in STAT_METRICS:
         res.update(_stats(name, per[name]))
-    by_request = {"ttft": [[v] for v in per["ttft"]], "tpot": [[v] for v in per["tpot"]], "itl": [r.itl for r in ok]}
-    for name, groups in by_request.items():
-        for stat, q in STATS.items():
-            ci = percentile_ci(groups, q)
-            res[ci_key(stat, name, "lo")], res[ci_key(stat, name, "hi")] = (None, None) if ci is None else (
-                1000.0 * ci[0], 1000.0 * ci[1])
+    # One value a request for TTFT and TPOT; a request's inter-token gaps are not independent of each other,
+    # so their ranks are sized by the number of requests (conservative), read off the pooled gaps.
+    by_request = {"ttft": (per["ttft"], None), "tpot": (per["tpot"], None), "itl": (per["itl"], len(ok))}
+    for name, (values, eff_n) in by_request.items():
+        for stat, q in CI_STATS.items():
+            ci = percentile_interval(values, q, effective_n=eff_n)
+            lo, hi = (None, None) if ci is None else ci
+            res[ci_key(stat, name, "lo")] = None if lo is None else 1000.0 * lo
+            res[ci_key(stat, name, "hi")] = None if hi is None else 1000.0 * hi
     server_tpot = [r.server_tpot_ms for r in ok if r.server_tpot_ms is not None]
     server_prompt = [r.server_prompt_ms for r in ok if r.server_prompt_ms is not None]
     res[SERVER_TPOT] = float(np.median(server_tpot)) if server_tpot else None
@@ -195,6 +229,8 @@ def summarize(records: list[RequestRecord], duration_s: float, slos_ms: dict[str
             if all(values[k] * 1000.0 <= v for k, v in slos_ms.items()):
                 good += 1
         res[GOODPUT] = good / duration_s if duration_s > 0 else float("nan")
+        res.update(over_shares(ok, slos_ms))
+    res[PEAK_IN_FLIGHT] = peak_in_flight(records)
     if concurrency is not None:
         res.update(steady_state(records, concurrency))
     return res

@@ -123,13 +123,12 @@ async def run_cell_async(
             if request_rate is None:
                 await asyncio.gather(*(one(i) for i in range(len(prompts))))
             else:
-                rng = np.random.default_rng(seed)
                 tasks = []
-                for i in range(len(prompts)):
+                for i, gap in enumerate(arrival_gaps(request_rate, len(prompts), seed)):
                     if stopped.is_set():
                         break
                     tasks.append(asyncio.create_task(one(i)))
-                    await asyncio.sleep(float(rng.exponential(1.0 / request_rate)))
+                    await asyncio.sleep(gap)
                 await asyncio.gather(*tasks)
         wall = time.perf_counter() - t0
         if on_measure_end is not None:
@@ -151,6 +150,12 @@ async def run_cell_async(
     }
     client.update(verdict(client))
     return CellResult(records, duration, client)
+
+
+def arrival_gaps(request_rate: float, count: int, seed: int) -> list[float]:
+    """Seconds between one open-loop arrival and the next (Poisson at ``request_rate``); the same for a seed."""
+    rng = np.random.default_rng(seed)
+    return [float(g) for g in rng.exponential(1.0 / request_rate, size=count)]
 
 
 def run_cell(**kwargs: Any) -> CellResult:

@@ -18,14 +18,25 @@ from bakeoff.config.schema import LoadCfg
 from bakeoff.config.slo import SLO_PRESETS, Slo
 from bakeoff.engines.session import Session
 from bakeoff.layout import CAPACITY_FILE, probe_name
-from bakeoff.loadgen.capacity import EarlyStop, Search, Verdict, judge, search_concurrency, search_rate
-from bakeoff.loadgen.cells import Cell
+from bakeoff.loadgen.capacity import (
+    RATE_PROBES,
+    EarlyStop,
+    Search,
+    Verdict,
+    bracket_from_cells,
+    judge,
+    search_concurrency,
+    search_rate,
+)
+from bakeoff.loadgen.cells import Cell, stable_seed
+from bakeoff.loadgen.metrics import PEAK_IN_FLIGHT
 from bakeoff.models.artifacts import atomic_write_text, read_kept, restore_kept, write_kept
 from bakeoff.stages.measure_cell import measure
 from bakeoff.stages.serve_job import ServeJob
 
 # What a capacity row reads from the probe at capacity.
-AT_CAPACITY = ("output_throughput", "request_goodput", "joules_per_output_token", "p99_ttft_ms", "p99_tpot_ms")
+AT_CAPACITY = ("output_throughput", "request_goodput", "joules_per_output_token", "p99_ttft_ms", "p99_tpot_ms",
+               "over_ttft_share", "over_ttft_share_ub95", "over_tpot_share", "over_tpot_share_ub95")
 
 
 def capacity_hash(spec_hash: str, load: LoadCfg) -> str:
@@ -43,8 +54,28 @@ def reused(out_dir: Path, digest: str) -> dict[str, Any] | None:
     return kept
 
 
-def run(job: ServeJob, session: Session, base: dict[str, Any], load: LoadCfg, tokenizer: Any) -> dict[str, Any]:
-    """Search every (SLO, prompt length) of ``load.capacity``; returns ``{"capacity": rows, "probes": records}``."""
+def probe_seed(name: str, n: int) -> int:
+    """The seed of a probe's prompts and arrivals: the same search sends the same requests in every process."""
+    return stable_seed(name, n)
+
+
+def fixed_verdicts(cells: list[dict[str, Any]], slo: Slo, prompt_len: int) -> dict[int, bool]:
+    """Whether each fixed concurrency met ``slo`` at ``prompt_len`` in every repeat (cells that ran only)."""
+    met: dict[int, bool] = {}
+    for rec in cells:
+        if rec.get("probe_of") or rec.get("prompt_len") != prompt_len or rec.get("status") not in ("ok", "degraded"):
+            continue
+        c = int(rec["concurrency"])
+        met[c] = met.get(c, True) and judge(rec, slo).passed
+    return met
+
+
+def run(job: ServeJob, session: Session, base: dict[str, Any], load: LoadCfg, tokenizer: Any,
+        fixed: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    """Search every (SLO, prompt length) of ``load.capacity``; returns ``{"capacity": rows, "probes": records}``.
+
+    ``fixed``: the variant's fixed cell records, whose verdicts seed each concurrency search's bracket.
+    """
     cap = load.capacity
     rows: list[dict[str, Any]] = []
     probes: list[dict[str, Any]] = []
@@ -55,21 +86,24 @@ def run(job: ServeJob, session: Session, base: dict[str, Any], load: LoadCfg, to
         session.stop()
         return session.start()[0] == "ok"
 
-    def probe(slo: Slo, kind: str, value: float, prompt_len: int, n: int, warm: int) -> tuple[Verdict, dict]:
+    def probe(slo: Slo, kind: str, value: float, prompt_len: int, n: int, warm: int,
+              again: bool = False) -> tuple[Verdict, dict]:
         if not up():
             return Verdict(False, ("server down",)), {}
-        name = probe_name(slo.name, kind, value, prompt_len)
+        name = probe_name(slo.name, kind, value, prompt_len, recheck=again)
         concurrency = int(value) if kind == "concurrency" else n  # open loop: no cap on requests in flight
         cell = Cell(concurrency, prompt_len, job.block or 0, label=name)
         assert session.engine is not None
         rec = measure(job, session, base, load, tokenizer, session.engine.versions(), cell, n=n, n_warm=warm,
-                      seed=hash((name, n)) & 0xFFFF_FFFF, request_rate=None if kind == "concurrency" else value,
+                      seed=probe_seed(name, n), request_rate=None if kind == "concurrency" else value,
                       notes=[f"capacity probe ({kind}, SLO {slo.name}: p99 TTFT <= {slo.ttft_ms:g} ms, p99 TPOT <= "
                              f"{slo.tpot_ms:g} ms); warm-up {warm} requests"],
                       stop_when=EarlyStop(n, slo), slos_ms=slo.bounds(),
                       extra={"probe_of": kind, "slo": slo.name, "cell": name})
         verdict = judge(rec, slo, bool(rec.get("stopped_early")))
-        rec.update(probe_passed=verdict.passed, probe_exceeded="+".join(verdict.exceeded))
+        rec.update(probe_passed=verdict.passed, probe_exceeded="+".join(verdict.exceeded), probe_recheck=again)
+        if kind == "rate":  # open loop: its concurrency is what the arrivals made, not a setting
+            rec["concurrency"] = rec.get(PEAK_IN_FLIGHT)
         atomic_write_text(job.out_dir / f"{name}.json", json.dumps(rec, indent=2, default=str) + "\n")
         probes.append(rec)
         print(f"capacity {slo.name} p{prompt_len} {kind}={value:g}: {'pass' if verdict.passed else 'fail'} "
@@ -79,13 +113,20 @@ def run(job: ServeJob, session: Session, base: dict[str, Any], load: LoadCfg, to
     for slo in (SLO_PRESETS[s] for s in cap.slo):
         for p in cap.prompt_len or load.prompt_len:
             at: dict[float, dict] = {}
+            rechecked: set[int] = set()
 
-            def by_concurrency(c: int, slo: Slo = slo, p: int = p, at: dict = at) -> Verdict:
-                verdict, rec = probe(slo, "concurrency", c, p, max(cap.min_requests, cap.waves * c), c)
-                at[c] = rec
+            def by_concurrency(c: int, slo: Slo = slo, p: int = p, at: dict = at, rechecked: set = rechecked) -> Verdict:
+                again = c in at  # the search's end re-checks a load it probed: a second file, the first kept
+                verdict, rec = probe(slo, "concurrency", c, p, max(cap.min_requests, cap.waves * c), c, again)
+                if again:
+                    rechecked.add(c)
+                else:
+                    at[c] = rec
                 return verdict
 
-            closed = search_concurrency(by_concurrency, cap.start_concurrency, cap.max_concurrency, cap.max_probes)
+            known_pass, known_fail = bracket_from_cells(fixed_verdicts(fixed or [], slo, p))
+            closed = search_concurrency(by_concurrency, cap.start_concurrency, cap.max_concurrency, cap.max_probes,
+                                        known_pass=known_pass, known_fail=known_fail)
             c_star = int(closed.capacity)
             best = at.get(c_star, {})
             row = {**{k: base[k] for k in ("experiment", "model", "engine", "format", "hardware", "output_len")},
@@ -100,7 +141,8 @@ def run(job: ServeJob, session: Session, base: dict[str, Any], load: LoadCfg, to
                     rates[r] = rec
                     return verdict
 
-                opened = search_rate(by_rate, float(best["request_throughput"]), cap.max_probes, cap.rate_resolution)
+                opened = search_rate(by_rate, float(best["request_throughput"]), cap.max_probes or RATE_PROBES,
+                                    cap.rate_resolution)
                 row.update(_search_columns(opened, "rate"))
                 row["output_throughput_at_capacity_rate"] = rates.get(opened.capacity, {}).get("output_throughput")
             rows.append(row)
@@ -109,8 +151,12 @@ def run(job: ServeJob, session: Session, base: dict[str, Any], load: LoadCfg, to
 
 def _search_columns(s: Search, kind: str) -> dict[str, Any]:
     value: float | int = int(s.capacity) if kind == "concurrency" else round(s.capacity, 4)
-    return {f"capacity_{kind}": value, f"{kind}_converged": s.converged, f"{kind}_at_limit": s.at_limit,
+    cols = {f"capacity_{kind}": value, f"{kind}_converged": s.converged, f"{kind}_at_limit": s.at_limit,
             f"{kind}_probes": len(s.probes), f"binding_{kind}": s.binding}
+    if kind == "concurrency":
+        cols.update(concurrency_seeded=json.dumps(s.seeded) if s.seeded else "",
+                    concurrency_uncertain=s.uncertain, concurrency_recheck=s.recheck_note)
+    return cols
 
 
 def write(out_dir: Path, digest: str, result: dict[str, Any]) -> None:

@@ -51,6 +51,7 @@ from bakeoff.loadgen.cells import (
     record_base,
     requests_for,
     reusable,
+    stable_seed,
     warmup_for,
 )
 from bakeoff.models.artifacts import restore_kept, write_kept
@@ -149,7 +150,8 @@ def _run(job: ServeJob, out: Path | None = None) -> dict[str, Any]:
         if pending or quality.on_load_server or (need_samples and eval_cfg.samples.prompts) or need_capacity:
             start_status = _run_pending(job, session, pending, base, load, tokenizer)
             if need_capacity and start_status[0] == "ok":
-                capacity = serve_capacity.run(job, session, base, load, tokenizer)
+                fixed = [json.loads(f.read_text()) for c in cells if (f := out_dir / f"{c.name}.json").exists()]
+                capacity = serve_capacity.run(job, session, base, load, tokenizer, fixed)
                 serve_capacity.write(out_dir, cap_digest, capacity)
             engine = session.engine
             up = start_status[0] == "ok" and engine is not None and engine.alive()
@@ -212,7 +214,7 @@ def _run_pending(job: ServeJob, session: Session, pending: list[Cell], base: dic
                 return status, reason
         served_repeat = cell.repeat
         n, n_warm = requests_for(load, cell.concurrency), warmup_for(load, cell.concurrency)
-        seed = hash((cell.concurrency, cell.prompt_len, cell.repeat)) & 0xFFFF_FFFF
+        seed = stable_seed(cell.concurrency, cell.prompt_len, cell.repeat)
         measure(job, session, base, load, tokenizer, versions, cell, n=n, n_warm=n_warm, seed=seed,
                 request_rate=load.request_rate, notes=[cell_note(load, cell.concurrency)])
     return "ok", ""
