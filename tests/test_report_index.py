@@ -125,9 +125,9 @@ def test_the_frontier_marks_only_undominated_variants_and_the_page_is_self_conta
     assert "<script src" not in page and "<link" not in page and "data:image/png;base64," in page
 
 
-def _cap(variant: str, slo: str, c: int, converged: bool = True, tput: str = "") -> dict[str, str]:
+def _cap(variant: str, slo: str, c: int, converged: bool = True, tput: str = "", node: str = "n") -> dict[str, str]:
     engine, fmt = variant.split("-")
-    return {"experiment": "e", "engine": engine, "format": fmt, "prompt_len": "128", "slo": slo,
+    return {"experiment": "e", "node_id": node, "engine": engine, "format": fmt, "prompt_len": "128", "slo": slo,
             "capacity_concurrency": str(c), "concurrency_converged": str(converged), "concurrency_at_limit": "False",
             "capacity_rate": "", "output_throughput_at_capacity": tput}
 
@@ -148,3 +148,45 @@ def test_slo_leaders_rank_by_capacity_and_give_no_verdict_on_an_open_search() ->
     pts = {p.variant: p for p in frontier(rows, [_cap("llamacpp-q4", "cpu", 0), _cap("llamacpp-f16", "cpu", 4, tput="230")])}
     assert pts["llamacpp-q4"].throughput == 0.0 and pts["llamacpp-f16"].throughput == 230.0
     assert pts["llamacpp-f16"].pareto and not pts["llamacpp-q4"].pareto
+
+
+def test_two_nodes_get_two_answers_and_no_number_is_a_mean_across_them(tmp_path: Path) -> None:
+    """Node a: q4 leads by 10 %; node b (a slower card): f16 leads. A pooled answer would mix 4 rows into 2 means."""
+    rows = []
+    for node, q4, f16 in (("a", (110.0, 111.0), (100.0, 101.0)), ("b", (60.0, 61.0), (70.0, 71.0))):
+        for b in range(2):
+            rows += [{**_row("llamacpp-q4", 8, q4[b], b), "node_id": node},
+                     {**_row("llamacpp-f16", 8, f16[b], b), "node_id": node}]
+    leads = {x.node: x for x in fixed_leaders(rows)}
+    assert set(leads) == {"a", "b"}
+    assert (leads["a"].leader, leads["a"].value, leads["a"].runner_value) == ("llamacpp-q4", 110.5, 100.5)
+    assert (leads["b"].leader, leads["b"].value, leads["b"].runner_value) == ("llamacpp-f16", 70.5, 60.5)
+    assert all(not x.verdict.startswith("no verdict: measured on different nodes") for x in leads.values())
+    caps = [_cap("llamacpp-q4", "server", 12, tput="500", node="a"), _cap("llamacpp-f16", "server", 8, tput="400", node="a"),
+            _cap("llamacpp-q4", "server", 4, tput="90", node="b"), _cap("llamacpp-f16", "server", 6, tput="95", node="b")]
+    slo = {x.node: x for x in slo_leaders(rows, caps)}
+    assert (slo["a"].leader, slo["a"].value) == ("llamacpp-q4", 12) and (slo["b"].leader, slo["b"].value) == ("llamacpp-f16", 6)
+    pts = {(p.node, p.variant): p.throughput for p in frontier(rows, caps)}
+    assert pts == {("a", "llamacpp-q4"): 500.0, ("a", "llamacpp-f16"): 400.0,
+                   ("b", "llamacpp-q4"): 90.0, ("b", "llamacpp-f16"): 95.0}
+    summary, cap_csv, out = tmp_path / "summary.csv", tmp_path / "capacity.csv", tmp_path / "index.html"
+    summary.write_text(",".join(rows[0]) + "\n" + "".join(",".join(r.values()) + "\n" for r in rows))
+    cap_csv.write_text(",".join(caps[0]) + "\n" + "".join(",".join(r.values()) + "\n" for r in caps))
+    index_html(summary, cap_csv, [], out)
+    page = out.read_text()
+    assert page.count("class='answer-head' data-node='a'") == 1 and page.count("class='answer-head' data-node='b'") == 1
+    pooled = f"{(110.5 + 60.5) / 2!r}"  # q4's mean over both nodes must appear nowhere
+    assert f"data-value='{pooled}'" not in page and "data-value='110.5'" in page and "data-value='70.5'" in page
+    # the capacity table lists node a's rows, then node b's, with the node beside each
+    cap_table = page[page.index("id='capacity'"):page.index("id='published'")]
+    assert cap_table.index("<th>node_id</th>") < cap_table.index("<th>prompt_len</th>")
+    assert cap_table.index("<td>500</td>") < cap_table.index("<td>90</td>")
+
+
+def test_an_unconverged_search_is_at_least_on_the_page_and_the_frontier() -> None:
+    caps = [_cap("llamacpp-q4", "server", 32, converged=False, tput="700"), _cap("llamacpp-f16", "server", 8, tput="300")]
+    pts = {p.variant: p for p in frontier([], caps)}
+    assert pts["llamacpp-q4"].throughput_at.startswith("at least: c=32")
+    assert pts["llamacpp-f16"].throughput_at == "capacity under server"
+    lead = slo_leaders([], caps)[0]
+    assert lead.at_least == (True, False) and lead.verdict.startswith("no verdict")

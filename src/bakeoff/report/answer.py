@@ -3,12 +3,16 @@
 Why its own module: the report page shows these numbers, and a test checks the page against the summary
 with its own arithmetic; both read them from here, and none is rounded before it is compared.
 
+* **One node per answer.** Every grouping below includes ``node_id``: a variant measured on two nodes gets
+  one answer per node, labelled with the node, and no number is a mean across nodes (nodes of one kind
+  differ by more than most margins).
 * **Leaders at fixed load.** For each experiment, prompt length and concurrency: the variant with the
   highest mean output tok/s over its ok repeats, the runner-up, the margin, and whether the margin is
   beyond the noise (bakeoff.results.spread: paired by block, else Welch; with one repeat a side: no verdict).
 * **Leaders under an SLO.** From the capacity searches where they ran: the highest ``capacity_concurrency``
-  (ties: the higher rate). A margin of one concurrency step is within the search's resolution. Where no
-  search ran, the highest fixed concurrency whose p99 TTFT and TPOT met the SLO, said as such.
+  (ties: the higher rate). A margin of one concurrency step is within the search's resolution. A search
+  that did not converge gives "at least N"; one whose boundary re-check disagreed gives no verdict. Where
+  no search ran, the highest fixed concurrency whose p99 TTFT and TPOT met the SLO, said as such.
 * **The frontier.** Per experiment and prompt length, each variant's throughput (at capacity under the
   first SLO searched, else at its highest fixed concurrency), quality loss (top-k KL against the 16-bit
   baseline) and J/token; Pareto-optimal where no other variant is at least as good on every measured axis
@@ -40,16 +44,26 @@ def _variant(r: Row) -> str:
     return variant_name(str(r["engine"]), str(r["format"]))
 
 
+def _node(r: Row) -> str:
+    return str(r.get("node_id") or "")
+
+
+def _true(v: Any) -> bool:
+    return str(v) == "True"
+
+
 @dataclass(frozen=True)
 class Lead:
     experiment: str
     prompt_len: int
+    node: str  # the node_id every number of this answer was measured on
     load: str  # "c=8", or an SLO's name
     leader: str
     value: float
     runner_up: str  # "" when only one variant measured
     runner_value: float
     verdict: str  # "beyond the noise (p=...)", "within the noise (p=...)", "no verdict: ...", "only variant"
+    at_least: tuple[bool, bool] = (False, False)  # leader's, runner-up's value is a lower bound (search unconverged)
 
     @property
     def margin_pct(self) -> float:
@@ -57,16 +71,17 @@ class Lead:
 
 
 def fixed_leaders(rows: Sequence[Row], metric: str = "output_throughput") -> list[Lead]:
-    by_cell: dict[tuple[str, int, int], dict[str, list[Row]]] = defaultdict(lambda: defaultdict(list))
+    by_cell: dict[tuple[str, int, str, int], dict[str, list[Row]]] = defaultdict(lambda: defaultdict(list))
     for r in _fixed_ok(rows):
         if number(r.get(metric)) is not None:
-            by_cell[(str(r["experiment"]), int(r["prompt_len"]), int(r["concurrency"]))][_variant(r)].append(r)
+            key = (str(r["experiment"]), int(r["prompt_len"]), _node(r), int(r["concurrency"]))
+            by_cell[key][_variant(r)].append(r)
     out = []
-    for (exp, p, c), variants in sorted(by_cell.items()):
+    for (exp, p, node, c), variants in sorted(by_cell.items()):
         means = sorted(((statistics.fmean(number(r[metric]) for r in g), v) for v, g in variants.items()), reverse=True)
         (top, lead), rest = means[0], means[1:]
         if not rest:
-            out.append(Lead(exp, p, f"c={c}", lead, top, "", math.nan, "only variant"))
+            out.append(Lead(exp, p, node, f"c={c}", lead, top, "", math.nan, "only variant"))
             continue
         second, runner = rest[0]
         found = spread.pair(variants[runner], variants[lead], metric)
@@ -77,24 +92,25 @@ def fixed_leaders(rows: Sequence[Row], metric: str = "output_throughput") -> lis
         else:
             how = "beyond the noise" if found[0].significant else "within the noise"
             verdict = f"{how} (p={found[0].p:.2g}, {found[0].pairing})"
-        out.append(Lead(exp, p, f"c={c}", lead, top, runner, second, verdict))
+        out.append(Lead(exp, p, node, f"c={c}", lead, top, runner, second, verdict))
     return out
 
 
 def slo_leaders(rows: Sequence[Row], capacity: Sequence[Row]) -> list[Lead]:
     """Leaders by capacity where a search ran; else by the highest fixed concurrency meeting each preset."""
     out = []
-    searched: dict[tuple[str, int, str], list[Row]] = defaultdict(list)
+    searched: dict[tuple[str, int, str, str], list[Row]] = defaultdict(list)
     for r in capacity:
         if number(r.get("capacity_concurrency")) is not None:
-            searched[(str(r["experiment"]), int(r["prompt_len"]), str(r["slo"]))].append(r)
-    for (exp, p, slo), group in sorted(searched.items()):
+            searched[(str(r["experiment"]), int(r["prompt_len"]), _node(r), str(r["slo"]))].append(r)
+    for (exp, p, node, slo), group in sorted(searched.items()):
         ranked = sorted(group, key=lambda r: (number(r["capacity_concurrency"]), number(r.get("capacity_rate")) or 0.0),
                         reverse=True)
         lead = ranked[0]
         value = number(lead["capacity_concurrency"]) or 0.0
         if len(ranked) == 1:
-            out.append(Lead(exp, p, slo, _variant(lead), value, "", math.nan, "only variant"))
+            out.append(Lead(exp, p, node, slo, _variant(lead), value, "", math.nan, "only variant",
+                            (not _true(lead.get("concurrency_converged")), False)))
             continue
         runner = ranked[1]
         second = number(runner["capacity_concurrency"]) or 0.0
@@ -102,22 +118,27 @@ def slo_leaders(rows: Sequence[Row], capacity: Sequence[Row]) -> list[Lead]:
                    "within the search's resolution (one concurrency step)")
         if value == second and str(lead.get("concurrency_at_limit")) == "True":
             verdict = "tied at the search's maximum concurrency: both serve at least this many"
-        open_ended = [_variant(r) for r in (lead, runner) if str(r.get("concurrency_converged")) != "True"]
+        open_ended = [_variant(r) for r in (lead, runner) if not _true(r.get("concurrency_converged"))]
         if open_ended:
             verdict = (f"no verdict: a search stopped at its probe limit before converging ({', '.join(open_ended)}); "
                        f"its capacity is a lower bound")
-        out.append(Lead(exp, p, slo, _variant(lead), value, _variant(runner), second, verdict))
+        uncertain = [f"{_variant(r)}: {r.get('concurrency_recheck')}" for r in (lead, runner)
+                     if _true(r.get("concurrency_uncertain"))]
+        if uncertain:
+            verdict = f"no verdict: a boundary re-check disagreed ({'; '.join(uncertain)})"
+        out.append(Lead(exp, p, node, slo, _variant(lead), value, _variant(runner), second, verdict,
+                        (not _true(lead.get("concurrency_converged")), not _true(runner.get("concurrency_converged")))))
     if searched:
         return out
     # No search: what the fixed cells say, per preset.
-    met: dict[tuple[str, int, str], dict[str, dict[int, bool]]] = defaultdict(lambda: defaultdict(dict))
+    met: dict[tuple[str, int, str, str], dict[str, dict[int, bool]]] = defaultdict(lambda: defaultdict(dict))
     for r in _fixed_ok(rows):
         t, o = number(r.get("p99_ttft_ms")), number(r.get("p99_tpot_ms"))
         for slo in SLO_PRESETS.values():
-            cells = met[(str(r["experiment"]), int(r["prompt_len"]), slo.name)][_variant(r)]
+            cells = met[(str(r["experiment"]), int(r["prompt_len"]), _node(r), slo.name)][_variant(r)]
             ok = t is not None and o is not None and t <= slo.ttft_ms and o <= slo.tpot_ms
             cells[int(r["concurrency"])] = cells.get(int(r["concurrency"]), True) and ok
-    for (exp, p, slo), by_variant in sorted(met.items()):
+    for (exp, p, node, slo), by_variant in sorted(met.items()):
         ranked = sorted(((max([c for c, ok in cs.items() if ok], default=0), v) for v, cs in by_variant.items()),
                         reverse=True)
         (c1, v1), rest = ranked[0], ranked[1:]
@@ -127,7 +148,7 @@ def slo_leaders(rows: Sequence[Row], capacity: Sequence[Row]) -> list[Lead]:
         if c1 == c2:
             note += (f"; tied at the highest concurrency tested ({highest}): both serve at least this many"
                      if c1 == highest else "; tied")
-        out.append(Lead(exp, p, slo, v1, float(c1), v2, float(c2), note))
+        out.append(Lead(exp, p, node, slo, v1, float(c1), v2, float(c2), note))
     return out
 
 
@@ -135,9 +156,10 @@ def slo_leaders(rows: Sequence[Row], capacity: Sequence[Row]) -> list[Lead]:
 class FrontierPoint:
     experiment: str
     prompt_len: int
+    node: str
     variant: str
     throughput: float
-    throughput_at: str  # "capacity under <slo>" or "c=<max>"
+    throughput_at: str  # "capacity under <slo>", "at least: ..." where the search did not converge, or "c=<max>"
     kl: float | None
     joules_per_token: float | None
     pareto: bool = False
@@ -147,25 +169,28 @@ def frontier(rows: Sequence[Row], capacity: Sequence[Row]) -> list[FrontierPoint
     kl: dict[tuple[str, str], float | None] = {}
     for r in rows:
         kl.setdefault((str(r["experiment"]), _variant(r)), number(r.get("kl_vs_fp16")))
-    cap: dict[tuple[str, int, str], Row] = {}
+    cap: dict[tuple[str, int, str, str], Row] = {}
     first_slo: dict[str, str] = {}
     for r in capacity:
         first_slo.setdefault(str(r["experiment"]), str(r["slo"]))
         if str(r["slo"]) == first_slo[str(r["experiment"])]:
-            cap[(str(r["experiment"]), int(r["prompt_len"]), _variant(r))] = r
-    top_c: dict[tuple[str, int, str], list[Row]] = defaultdict(list)
+            cap[(str(r["experiment"]), int(r["prompt_len"]), _node(r), _variant(r))] = r
+    top_c: dict[tuple[str, int, str, str], list[Row]] = defaultdict(list)
     for r in _fixed_ok(rows):
-        key = (str(r["experiment"]), int(r["prompt_len"]), _variant(r))
+        key = (str(r["experiment"]), int(r["prompt_len"]), _node(r), _variant(r))
         if not top_c[key] or int(r["concurrency"]) > int(top_c[key][0]["concurrency"]):
             top_c[key] = [r]
         elif int(r["concurrency"]) == int(top_c[key][0]["concurrency"]):
             top_c[key].append(r)
     points = []
     for key in sorted(set(top_c) | set(cap)):
-        exp, p, v = key
+        exp, p, node, v = key
         c = cap.get(key)
         if c is not None:  # a capacity of 0 serves nothing within the SLO: throughput 0, not another cell's
             tput, at = number(c.get("output_throughput_at_capacity")) or 0.0, f"capacity under {c['slo']}"
+            if not _true(c.get("concurrency_converged")):
+                at = (f"at least: c={c.get('capacity_concurrency')} passed under {c['slo']}; the search stopped "
+                      f"before converging, so the capacity and its throughput may be higher")
             jpt = number(c.get("joules_per_output_token_at_capacity"))
         elif top_c.get(key):
             g = top_c[key]
@@ -175,16 +200,16 @@ def frontier(rows: Sequence[Row], capacity: Sequence[Row]) -> list[FrontierPoint
             jpt = statistics.fmean(j) if j else None
         else:
             continue
-        points.append(FrontierPoint(exp, p, v, float(tput), at, kl.get((exp, v)), jpt))
+        points.append(FrontierPoint(exp, p, node, v, float(tput), at, kl.get((exp, v)), jpt))
     return _mark_pareto(points)
 
 
 def _mark_pareto(points: list[FrontierPoint]) -> list[FrontierPoint]:
-    """Pareto-optimal within (experiment, prompt length) over the axes every point there has."""
+    """Pareto-optimal within (experiment, prompt length, node) over the axes every point there has."""
     out = []
     by = defaultdict(list)
     for pt in points:
-        by[(pt.experiment, pt.prompt_len)].append(pt)
+        by[(pt.experiment, pt.prompt_len, pt.node)].append(pt)
     for group in by.values():
         use_kl = all(pt.kl is not None for pt in group)
         use_j = all(pt.joules_per_token is not None for pt in group)

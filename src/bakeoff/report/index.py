@@ -41,6 +41,20 @@ PUBLISHED = ["experiment", "engine", "format", "concurrency", "prompt_len", "out
              "published_output_throughput", "output_throughput_vs_published", "published_refs", "published_compared_as"]
 
 
+CAPACITY_ORDER = ["experiment", "node_id", "prompt_len", "slo", "engine", "format"]
+OPEN_END = "open (too few requests)"
+
+
+def open_ends(row: Mapping[str, Any]) -> dict[str, Any]:
+    """A row for display: an interval end that has no value beside one that has is shown as open, not blank."""
+    out = dict(row)
+    for k, v in row.items():
+        for end, other in (("_ci_hi", "_ci_lo"), ("_ci_lo", "_ci_hi")):
+            if k.endswith(end) and v in ("", None) and row.get(k[: -len(end)] + other) not in ("", None):
+                out[k] = OPEN_END
+    return out
+
+
 def _num(v: float | None, digits: int = 4) -> str:
     return "" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{v:.{digits}g}"
 
@@ -55,11 +69,14 @@ def _lead_rows(leads: Sequence[answer.Lead], what: str) -> str:
     rows = []
     for x in leads:
         data = (f"data-experiment='{html.escape(x.experiment)}' data-prompt='{x.prompt_len}' "
-                f"data-load='{html.escape(x.load)}' data-leader='{html.escape(x.leader)}' data-value='{x.value!r}' "
+                f"data-node='{html.escape(x.node)}' data-load='{html.escape(x.load)}' "
+                f"data-leader='{html.escape(x.leader)}' data-value='{x.value!r}' "
                 f"data-runner='{html.escape(x.runner_up)}'")
         rows.append(f"<tr class='lead' {data}><td>{html.escape(x.load)}</td><td><b>{html.escape(x.leader)}</b></td>"
-                    f"<td>{_num(x.value)}</td><td>{html.escape(x.runner_up) or '&mdash;'}</td>"
-                    f"<td>{_num(x.runner_value)}</td><td>{_num(x.margin_pct, 3)}{'%' if x.runner_up else ''}</td>"
+                    f"<td>{'at least ' if x.at_least[0] else ''}{_num(x.value)}</td>"
+                    f"<td>{html.escape(x.runner_up) or '&mdash;'}</td>"
+                    f"<td>{'at least ' if x.at_least[1] else ''}{_num(x.runner_value)}</td>"
+                    f"<td>{_num(x.margin_pct, 3)}{'%' if x.runner_up else ''}</td>"
                     f"<td class='l'>{html.escape(x.verdict)}</td></tr>")
     head = (f"<tr><th>load</th><th>leader</th><th>{what}</th><th>runner-up</th><th>{what}</th><th>margin</th>"
             f"<th>beyond the noise?</th></tr>")
@@ -71,13 +88,16 @@ def answer_html(rows: Sequence[Mapping[str, Any]], capacity: Sequence[Mapping[st
     parts = ["<section id='answer'><h2>The answer</h2>",
              "<p>Leaders by mean output tokens/s over the ok repeats (fixed load), and by the highest concurrency "
              "within each latency SLO (p99 TTFT and p99 TPOT). A margin is called beyond the noise only when a "
-             "test across repeats says so; with one repeat a side there is no verdict.</p>"]
-    for exp, p in sorted({(x.experiment, x.prompt_len) for x in [*fixed, *slo]}):
-        parts.append(f"<h3>{html.escape(exp)}: prompt {p} tokens</h3>")
+             "test across repeats says so; with one repeat a side there is no verdict. Each answer comes from one "
+             "node: rows from different nodes are never averaged.</p>"]
+    for exp, node, p in sorted({(x.experiment, x.node, x.prompt_len) for x in [*fixed, *slo]}):
+        here = (exp, node, p)
+        parts.append(f"<h3 class='answer-head' data-node='{html.escape(node)}'>{html.escape(exp)}: prompt {p} tokens, "
+                     f"node {html.escape(node) or 'unknown'}</h3>")
         parts.append("<h4>At fixed concurrency (output tokens/s)</h4>")
-        parts.append(_lead_rows([x for x in fixed if (x.experiment, x.prompt_len) == (exp, p)], "tok/s"))
+        parts.append(_lead_rows([x for x in fixed if (x.experiment, x.node, x.prompt_len) == here], "tok/s"))
         parts.append("<h4>Under an SLO (the most concurrent users)</h4>")
-        parts.append(_lead_rows([x for x in slo if (x.experiment, x.prompt_len) == (exp, p)], "users"))
+        parts.append(_lead_rows([x for x in slo if (x.experiment, x.node, x.prompt_len) == here], "users"))
     return "".join(parts) + "</section>"
 
 
@@ -93,7 +113,7 @@ def _png(fig: Any) -> str:
 
 def frontier_html(rows: Sequence[Mapping[str, Any]], capacity: Sequence[Mapping[str, Any]]) -> str:
     points = answer.frontier(rows, capacity)
-    table = _table(["experiment", "prompt_len", "variant", "throughput", "throughput_at", "kl", "joules_per_token",
+    table = _table(["experiment", "prompt_len", "node", "variant", "throughput", "throughput_at", "kl", "joules_per_token",
                     "pareto"], [{**p.__dict__, "throughput": _num(p.throughput), "kl": _num(p.kl),
                                  "joules_per_token": _num(p.joules_per_token) or "not measured",
                                  "pareto": "yes" if p.pareto else ""} for p in points], attrs="id='frontier-table'")
@@ -107,7 +127,9 @@ def frontier_html(rows: Sequence[Mapping[str, Any]], capacity: Sequence[Mapping[
 def index_html(summary: Path, capacity_csv: Path | None, plots: Sequence[Path], out: Path) -> None:
     rows = read_summary(summary)
     capacity = read_summary(capacity_csv) if capacity_csv and capacity_csv.exists() else []
-    cap_cols = list(capacity[0]) if capacity else []
+    capacity = sorted(capacity, key=lambda r: tuple(str(r.get(k, "")) for k in CAPACITY_ORDER))  # by node, then cell
+    cap_cols = ([c for c in CAPACITY_ORDER if c in capacity[0]] + [c for c in capacity[0] if c not in CAPACITY_ORDER]
+                if capacity else [])
     published = [r for r in rows if r.get("published_refs")]
     cols = list(rows[0]) if rows else []
     ordered = [c for c in LEAD if c in cols] + [c for c in cols if c not in LEAD]
@@ -131,5 +153,6 @@ def index_html(summary: Path, capacity_csv: Path | None, plots: Sequence[Path], 
                "<p>No row matches a published number (data/published_numbers.yaml).</p>")
             + f"</section><section id='plots'><h2>Plots</h2>{images}</section>"
             f"<section id='table'><h2>Every row</h2><input id='filter' placeholder='filter rows'>"
-            f"{_table(ordered, rows, 'sortable', 'data-filter=filter')}</section>{SCRIPT}</body></html>\n")
+            f"{_table(ordered, [open_ends(r) for r in rows], 'sortable', 'data-filter=filter')}</section>{SCRIPT}"
+            f"</body></html>\n")
     atomic_write_text(out, page)

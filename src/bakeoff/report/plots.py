@@ -197,10 +197,10 @@ def roofline_plot(rows: list[dict[str, str]], out: Path) -> None:
 def frontier_figure(points: Sequence[Any]) -> Any:
     """Throughput against quality loss (KL vs 16-bit), one panel per (experiment, prompt length); Pareto-optimal
     variants filled and named in bold. ``points``: bakeoff.report.answer.FrontierPoint."""
-    keys = sorted({(p.experiment, p.prompt_len) for p in points}) or [("", 0)]
+    keys = sorted({(p.experiment, p.prompt_len, p.node) for p in points}) or [("", 0, "")]
     fig, axes = plt.subplots(1, len(keys), figsize=(5.5 * len(keys), 4.2), squeeze=False)
     for ax, key in zip(axes[0], keys, strict=True):
-        group = [p for p in points if (p.experiment, p.prompt_len) == key]
+        group = [p for p in points if (p.experiment, p.prompt_len, p.node) == key]
         # x: quality loss where every variant has it, else energy per token, else nothing to plot against
         axis = next(((name, label) for name, label in (
             ("kl", "quality loss: top-k KL vs 16-bit (lower is better)"),
@@ -219,7 +219,7 @@ def frontier_figure(points: Sequence[Any]) -> Any:
         ax.set_xlabel(axis[1])
         ax.set_ylabel(f"output tokens/s ({known[0].throughput_at})" if len({p.throughput_at for p in known}) == 1
                       else "output tokens/s (at capacity, else highest concurrency)")
-        ax.set_title(f"{key[0]}, prompt {key[1]}: filled = Pareto-optimal")
+        ax.set_title(f"{key[0]}, prompt {key[1]}, node {key[2] or 'unknown'}: filled = Pareto-optimal")
         ax.grid(alpha=0.3)
     return fig
 
