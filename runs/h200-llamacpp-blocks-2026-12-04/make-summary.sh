@@ -3,7 +3,7 @@
 # rules do, in a scratch directory. The lease ended 100 s into f16's block-2 job (its last, serve_load), so
 # f16 has no cells.json: its index here is f16-partial.json, every f16 cell the node finished (blocks 0-1,
 # and block 2's c=1 and c=8), made by the lines below from the cell files, nothing typed by hand.
-#   bash runs/h200-llamacpp/blocks-2026-12-04-s8/make-summary.sh      (from the repository root, after make setup)
+#   bash runs/h200-llamacpp-blocks-2026-12-04/make-summary.sh      (from the repository root, after make setup)
 set -euo pipefail
 R=$(cd "$(dirname "$0")" && pwd); ROOT=$(pwd); W=$(mktemp -d); trap 'rm -rf "$W"' EXIT
 B="$ROOT/.venv/bin"

@@ -1,6 +1,6 @@
 """This record's numbers beside the earlier one's, from the two node tarballs only (writes analysis.md).
 
-  .venv/bin/python runs/h200-llamacpp/blocks-2026-12-04-s8/analyze.py
+  .venv/bin/python runs/h200-llamacpp-blocks-2026-12-04/analyze.py
 
 Every cell's steady-state throughput is recomputed from its per-request records with bakeoff's own
 definition (bakeoff.loadgen.metrics.steady_state), so the earlier record, made before the column existed,
@@ -20,7 +20,7 @@ from bakeoff.loadgen.metrics import RequestRecord, steady_state
 from bakeoff.results.spread import compare_paired, spread
 
 HERE = Path(__file__).resolve().parent
-EARLIER = HERE.parent / "matrix-2026-12-04-s7" / "node-results.tgz"
+EARLIER = HERE.parent / "h200-llamacpp-matrix-2026-12-04" / "node-results.tgz"
 
 
 def cells(tarball: Path) -> list[dict]:
@@ -39,8 +39,8 @@ def cells(tarball: Path) -> list[dict]:
 def main() -> None:
     now = [c for c in cells(HERE / "node-results.tgz") if c["status"] == "ok"]
     old = [c for c in cells(EARLIER) if c["status"] == "ok" and c["engine"] == "llamacpp"]
-    lines = ["# This node (blocks) beside the earlier record (matrix-2026-12-04-s7)", "",
-             "Made by `analyze.py` from `node-results.tgz` here and `../matrix-2026-12-04-s7/node-results.tgz`.", ""]
+    lines = ["# This node (blocks) beside the earlier record (h200-llamacpp-matrix-2026-12-04)", "",
+             "Made by `analyze.py` from `node-results.tgz` here and `../h200-llamacpp-matrix-2026-12-04/node-results.tgz`.", ""]
     by: dict[tuple, list[dict]] = defaultdict(list)
     for c in now:
         by[(c["engine"], c["format"], c["concurrency"])].append(c)
