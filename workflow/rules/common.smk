@@ -51,8 +51,9 @@ GPU_RESOURCES = {"gres": CFG.hardware.slurm_gres} if CFG.hardware.slurm_gres els
 # clone (an explicit $BAKEOFF_CACHE_DIR wins).
 SITE_RESOURCES = {k: v for k, v in (("slurm_partition", CFG.site.slurm_partition),
                                     ("slurm_account", CFG.site.slurm_account)) if v}
-if CFG.site.cache_dir and "BAKEOFF_CACHE_DIR" not in os.environ:
-    os.environ["BAKEOFF_CACHE_DIR"] = os.path.expanduser(CFG.site.cache_dir)
+CACHE_DIR_VAR = "BAKEOFF_CACHE_DIR"  # read by bakeoff.layout.cache_root in every job
+if CFG.site.cache_dir:
+    os.environ.setdefault(CACHE_DIR_VAR, os.path.expanduser(CFG.site.cache_dir))
 
 
 # Pinned environment per role (envs/), used with --sdm conda on a cluster.
