@@ -75,3 +75,8 @@ rule all:
     input:
         all_outputs(),
     default_target: True
+
+
+# The site's Slurm partition and account (SITE_RESOURCES, common.smk) on every rule; local rules ignore them.
+for _rule in workflow.rules:
+    _rule.resources.update(SITE_RESOURCES)

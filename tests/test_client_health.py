@@ -30,7 +30,7 @@ def test_verdict_names_each_threshold_it_passed() -> None:
     both = health.verdict({"client_loop_lag_p99_ms": 180.0, "client_cpu_share": 0.9})
     assert both["client_saturated"] and "lag p99 180.0 ms > 25 ms" in both["client_saturated_reason"]
     assert "CPU 0.90 of the cell's wall time > 0.3" in both["client_saturated_reason"]
-    # either threshold alone flags the cell (the README's rule), naming only the one it passed
+    # either threshold alone flags the cell (docs/methodology.md's rule), naming only the one it passed
     lag = health.verdict({"client_loop_lag_p99_ms": 40.0, "client_cpu_share": 0.05})
     assert lag["client_saturated"] and "CPU" not in lag["client_saturated_reason"]
     cpu = health.verdict({"client_loop_lag_p99_ms": 3.0, "client_cpu_share": 0.5})

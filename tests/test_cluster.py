@@ -8,7 +8,7 @@ work once: run 1 cancels the serving job with ``scancel`` while it runs (Snakema
 for the reference summary. The tests read the scheduler's own records: ``jobcomp/filetxt`` for state and
 allocated CPUs/memory, ``scontrol show job`` (kept for MinJobAge) for the job's comment and log file.
 
-Status comes from the plugin's ``squeue`` command: this cluster has no slurmdbd (see README, cluster tier).
+Status comes from the plugin's ``squeue`` command: this cluster has no slurmdbd (see docs/development.md, the cluster tier).
 """
 
 from __future__ import annotations

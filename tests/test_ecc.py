@@ -25,7 +25,7 @@ from bakeoff.stages import gpu_check
 from conftest import ROOT, planned_jobs, results_root, snakemake
 
 FIX = Path(__file__).parent / "fixtures" / "hardware"
-H200_RECORD = ROOT / "runs/h200-llamacpp/matrix-2026-12-04-s6/hardware.json"  # the doctor's record on the lent H200
+H200_RECORD = ROOT / "runs/h200-llamacpp-matrix-2026-12-04/hardware.json"  # the doctor's record on the lent H200
 
 
 def _v100(gpu1_volatile: int = 0, gpu1_aggregate: int = 0) -> dict:

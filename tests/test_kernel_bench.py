@@ -66,7 +66,7 @@ def test_fewer_requests_for_a_format_is_noted():
 
 
 def test_the_cold_first_repetition_is_left_out_of_the_kernel_rate() -> None:
-    """The samples are llama-bench's own, from the H200 record (runs/h200-llamacpp/blocks-2026-12-04-s8,
+    """The samples are llama-bench's own, from the H200 record (runs/h200-llamacpp-blocks-2026-12-04,
     f16 pp512: its first repetition ran cold). Fewer than three samples keep llama-bench's mean."""
     import statistics
 

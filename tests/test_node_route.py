@@ -127,16 +127,16 @@ def test_record_of_the_h200_run_derives_its_committed_tables(tmp_path: Path):
     """The committed run record is what `bakeoff node record` derives from the committed tarball."""
     from bakeoff.stages.node import record
 
-    for session in ("matrix-2026-12-03", "matrix-2026-12-03-s2", "matrix-2026-12-03-s3"):
-        run = ROOT / "runs/h200-llamacpp" / session
-        paths = record(run / "node-results.tgz", tmp_path / session)
-        for name in ("cells.csv", "kernel.csv", "table.md", "server-log-ends.txt", "hardware.json"):
-            assert paths[name].read_text() == (run / name).read_text(), (session, name)
+    for name in ("h200-llamacpp-matrix-2026-12-04", "h200-llamacpp-blocks-2026-12-04"):
+        run = ROOT / "runs" / name
+        paths = record(run / "node-results.tgz", tmp_path / name)
+        for file in ("cells.csv", "kernel.csv", "table.md", "server-log-ends.txt", "hardware.json"):
+            assert paths[file].read_text() == (run / file).read_text(), (name, file)
     # Two configs of one engine are two rows: --parallel 32 and --parallel 4 at c=32 are not mixed up.
-    s2 = (ROOT / "runs/h200-llamacpp/matrix-2026-12-03-s2/table.md").read_text().split("\n\n")[0]
-    rows = {tuple(c.strip() for c in line.split("|")[1:4]): line for line in s2.splitlines()}
-    assert rows[("llamacpp --parallel 32", "q4_k_m", "128")].endswith("0.25 |")
-    assert rows[("llamacpp --parallel 4", "q4_k_m", "128")].endswith("0.77 |")
+    table = (ROOT / "runs/h200-llamacpp-matrix-2026-12-04/table.md").read_text().split("\n\n")[0]
+    rows = {tuple(c.strip() for c in line.split("|")[1:4]): line for line in table.splitlines()}
+    assert rows[("llamacpp --parallel 32", "q4_k_m", "128")].endswith("0.19 |")
+    assert rows[("llamacpp_np4 --parallel 4", "q4_k_m", "128")].endswith("0.70 |")
 
 
 def test_a_cell_keeps_its_config_engine_name_over_the_plugins():

@@ -51,8 +51,8 @@ def test_vocabulary_is_exact_and_its_merges_are_consistent() -> None:
 
 
 def test_llama2_7b_shape_has_the_scoreboard_models_parameter_count() -> None:
-    """Same count llama-bench printed for the synthetic model on the H200 (runs/h200-llamacpp)."""
-    bench = json.loads((ROOT / "runs" / "h200-llamacpp" / "llama-bench-q4_0-fa0.json").read_text())
+    """Same count llama-bench printed for the synthetic model on the H200 (runs/h200-llamacpp-probe-2026-12-03)."""
+    bench = json.loads((ROOT / "runs" / "h200-llamacpp-probe-2026-12-03" / "llama-bench-q4_0-fa0.json").read_text())
     assert LLAMA2_7B.n_params() == bench[0]["model_n_params"] == 6_738_415_616
 
 

@@ -2,7 +2,7 @@
 
 No GPU here, so NVML itself is replaced by ``HandWrittenNvml`` below: a hand-written
 stand-in that answers NVML's calls from a fixed device inventory (the UUID of
-the lent H200 comes from runs/h200-llamacpp/probe.json, the others are
+the lent H200 comes from runs/h200-llamacpp-probe-2026-12-03/probe.json, the others are
 hand-written). What is tested is bakeoff's mapping and arithmetic, not NVML.
 """
 
@@ -25,7 +25,7 @@ from bakeoff.hardware.telemetry import (
 )
 
 ROOT = Path(__file__).resolve().parents[1]
-H200_UUID = next(g["uuid"] for g in json.loads((ROOT / "runs/h200-llamacpp/probe.json").read_text())["gpus"])
+H200_UUID = next(g["uuid"] for g in json.loads((ROOT / "runs/h200-llamacpp-probe-2026-12-03/probe.json").read_text())["gpus"])
 # Hand-written: four GPUs in NVML (PCI bus) order.
 UUIDS = [H200_UUID, "GPU-11111111-2222-3333-4444-555555555555", "GPU-11119999-0000-0000-0000-000000000000",
          "GPU-aaaaaaaa-bbbb-cccc-dddd-eeeeeeeeeeee"]

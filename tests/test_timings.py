@@ -1,4 +1,4 @@
-"""`bakeoff timings`: the rules' benchmark files summed by rule (the README's make-run table)."""
+"""`bakeoff timings`: the rules' benchmark files summed by rule (docs/development.md's Timings)."""
 
 from __future__ import annotations
 

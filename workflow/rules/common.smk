@@ -46,6 +46,15 @@ SCHEDULES = {
 # bakeoff.hardware.gpu pins its server to explicit device ids (Snakemake's gpu resource would only count them).
 GPU_RESOURCES = {"gres": CFG.hardware.slurm_gres} if CFG.hardware.slurm_gres else {}
 
+# Site-local settings (conf/site/local.yaml, ignored by git): the partition and account of every job a cluster
+# runs (set on every rule at the end of the Snakefile, over the profile's defaults), and the cache outside the
+# clone (an explicit $BAKEOFF_CACHE_DIR wins).
+SITE_RESOURCES = {k: v for k, v in (("slurm_partition", CFG.site.slurm_partition),
+                                    ("slurm_account", CFG.site.slurm_account)) if v}
+CACHE_DIR_VAR = "BAKEOFF_CACHE_DIR"  # read by bakeoff.layout.cache_root in every job
+if CFG.site.cache_dir:
+    os.environ.setdefault(CACHE_DIR_VAR, os.path.expanduser(CFG.site.cache_dir))
+
 
 # Pinned environment per role (envs/), used with --sdm conda on a cluster.
 LLAMACPP_ENV = f"../../envs/{CFG.hardware.toolchain_env}"

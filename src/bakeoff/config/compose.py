@@ -114,8 +114,8 @@ def check_engines(cfg: Config) -> Config:
 
 
 def config_hash(cfg: Config) -> str:
-    """Short, stable hash of the resolved config (recorded with every result)."""
-    blob = json.dumps(cfg.model_dump(mode="json"), sort_keys=True).encode()
+    """Short, stable hash of the resolved config (recorded with every result); site-local settings left out."""
+    blob = json.dumps(cfg.model_dump(mode="json", exclude={"site"}), sort_keys=True).encode()
     return hashlib.sha256(blob).hexdigest()[:16]
 
 

@@ -292,6 +292,17 @@ class DoctorCfg(_Strict):
     bandwidth_probe_mib: NonNegativeInt = 256
 
 
+class SiteCfg(_Strict):
+    """What differs by site, not by experiment (conf/site/local.yaml, ignored by git; conf/site/example.yaml).
+
+    None of it changes what is measured, so it is left out of the config hash (bakeoff.config.compose).
+    """
+
+    slurm_partition: str | None = None  # every cluster job's partition (None: the Slurm profile's)
+    slurm_account: str | None = None  # every cluster job's account (None: the Slurm profile's)
+    cache_dir: str | None = None  # the build and sha256 cache (None: $BAKEOFF_CACHE_DIR, else ~/.cache/bakeoff)
+
+
 class ExperimentCfg(_Strict):
     name: str = Field(pattern=SLUG)
     description: str = ""
@@ -324,6 +335,7 @@ class Config(_Strict):
     experiment: ExperimentCfg
     tracking: TrackingCfg = TrackingCfg()
     doctor: DoctorCfg = DoctorCfg()
+    site: SiteCfg = SiteCfg()
 
     @model_validator(mode="after")
     def _cross_checks(self) -> Config:

@@ -35,7 +35,7 @@ def warm_rate(record: dict[str, Any]) -> tuple[float, float, int]:
     """(mean, sample stddev, repetitions dropped) of one test's tokens/s, its first repetition left out.
 
     The pinned llama-bench's first repetition runs cold: on the H200, f16 pp512 read 14215 tok/s, then
-    24087, 23931, 24032, 23755 (runs/h200-llamacpp/blocks-2026-12-04-s8). With three or more samples the
+    24087, 23931, 24032, 23755 (runs/h200-llamacpp-blocks-2026-12-04). With three or more samples the
     first is dropped; with fewer, llama-bench's own mean and stddev are kept.
     """
     samples = [float(x) for x in record.get("samples_ts") or []]

@@ -2,7 +2,7 @@
 
 Snakemake writes one TSV per job under ``logs/bench/`` (wall seconds, peak RSS,
 CPU time). Summed by rule, they answer "what does ``make run`` wait for",
-which is the table the README keeps.
+which is where docs/development.md's Timings come from.
 """
 
 from __future__ import annotations
