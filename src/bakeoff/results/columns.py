@@ -310,7 +310,8 @@ QUALITY = _mixed(
     "fraction (variant / reference - 1); an `_abs_delta` a difference in the metric's own unit. `_n` counts "
     "the scored documents or questions.",
     [
-        ("quality_status", "", "`ok`, `unsupported`, `failed` or `missing`.", "bakeoff.quality.compare"),
+        ("quality_status", "", "`ok`, `skipped`, `unsupported`, `failed`, or `missing` (no quality.json).",
+         "bakeoff.quality.compare"),
         ("quality_reason", "", "Why the status is not `ok`.", "bakeoff.quality.compare"),
         ("ppl", "", "Word perplexity of the perplexity task (lm-eval's `word_perplexity`).",
          "bakeoff.quality.compare"),
@@ -328,7 +329,8 @@ QUALITY = _mixed(
         ("kl_vs_fp16", "nats/token", "Mean over the reference positions of KL(reference || variant), top-k "
          "logprobs coarsened onto shared tokens (a lower bound).", "bakeoff.quality.compare"),
         ("quality_ref", "", "The reference variant (`<engine>-<format>`).", "bakeoff.quality.compare"),
-        ("quality_route", "", "Where quality was scored (the variant's server, or its `eval_server`).",
+        ("quality_route", "", "Where quality was scored: `load server` (the variant's own), or `<plugin> (same artifact)` "
+         "(the engine's `eval_server`).",
          "bakeoff.quality.compare"),
     ],
 )
