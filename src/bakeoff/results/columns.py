@@ -226,8 +226,9 @@ MEMORY = _mixed(
 SERVER = _mixed(
     "server",
     "The server's own view. `server_<stat>_<metric>_ms` reads like vLLM's latency names, measured by the "
-    "server; `peak` (`peak_waiting_requests`, `kv_cache_peak_pct`) is a maximum over the measured window's "
-    "scrapes of `/metrics`; `_pct` is a percentage (0-100). Empty where the engine does not report it.",
+    "server; `peak` (`peak_waiting_requests`, `kv_cache_peak_pct`: that name stays as the committed records "
+    "under runs/ have it) is a maximum over the measured window's scrapes of `/metrics`; `_pct` is a "
+    "percentage (0-100). Empty where the engine does not report it.",
     [
         ("startup_s", S, "Launch to ready of the server the cell ran on.", CELLS),
         ("server_start", COUNT, "Which start of the variant's server ran the cell (1 = the first).", MEASURE),
@@ -269,7 +270,8 @@ TELEMETRY = _family(
     "GPU telemetry",
     "The server's own GPUs (its `CUDA_VISIBLE_DEVICES`, by UUID) over the measured window, warm-up "
     "excluded; empty on CPU. Units are in the names: `_pct` (0-100), `_w`, `_j`, `_s`, `_mhz`, `_c` "
-    "(degrees Celsius); `_start_` is read as the cell starts, `_mean_`/`_min_` over the window.",
+    "(degrees Celsius); `_start_` is read as the cell starts, `_mean_`/`_min_` over the window (`avg_` in "
+    "`avg_power_w` is such a mean: the name stays as the committed records under runs/ have it).",
     "bakeoff.hardware.telemetry",
     [
         ("gpu_util_pct", PCT, "Mean GPU utilization (NVML), averaged over the GPUs."),
