@@ -30,6 +30,8 @@ LAYERS: list[set[str]] = [
     {"stages"},  # one DAG rule each: the order of events
     {"cli"},
 ]
+
+
 def _part(module: str) -> str:
     """``bakeoff.engines.base`` -> ``engines``; ``bakeoff.cli`` -> ``cli``; ``bakeoff.config.compose`` ->
     ``config.compose`` (a module named in LAYERS is a part of its own)."""
@@ -54,16 +56,24 @@ def _module_name(path: Path) -> str:
     return ".".join(parts)
 
 
+def _from(module: str, names: list[ast.alias]) -> list[str]:
+    """What ``from <module> import <names>`` reaches: the module, or each named submodule that is a part of its
+    own (``from bakeoff.config import compose`` reaches ``config.compose``, not ``config``)."""
+    if module == "bakeoff":
+        return [f"bakeoff.{a.name}" for a in names]
+    own = [f"{module}.{a.name}" for a in names if _part(f"{module}.{a.name}") != _part(module)]
+    return own + ([module] if len(own) < len(names) else [])
+
+
 def _absolute(node: ast.ImportFrom, package: str) -> list[str]:
     """The modules a ``from`` import names, relative ones (``from ..stages import summary``) resolved against
     ``package``, the importing module's package."""
     if node.level == 0:
-        return [node.module] if node.module != "bakeoff" else [f"bakeoff.{a.name}" for a in node.names]
+        return _from(str(node.module), node.names)
     parts = package.split(".")
     base = ".".join(parts[:len(parts) - (node.level - 1)])
     if node.module:
-        module = f"{base}.{node.module}"
-        return [module] if module != "bakeoff" else [f"bakeoff.{a.name}" for a in node.names]
+        return _from(f"{base}.{node.module}", node.names)
     return [f"{base}.{a.name}" for a in node.names]
 
 
@@ -119,6 +129,15 @@ def test_a_module_named_in_the_plan_is_a_part_of_its_own() -> None:
     tree = ast.parse("def check():\n    from bakeoff.engines import get_engine\n")
     (target, at_import), = _imports(tree, "bakeoff.config")
     assert not at_import and _rank(_part(target)) > _rank(_part("bakeoff.config.schema"))
+
+
+def test_importing_composition_from_its_package_still_reaches_it() -> None:
+    """``from bakeoff.config import compose`` in an engine reaches up to composition, as the dotted form does."""
+    for text in ("from bakeoff.config import compose, schema\n", "from ..config import compose\n",
+                 "from bakeoff.config.compose import load_config\n"):
+        targets = [t for t, _ in _imports(ast.parse(text), "bakeoff.engines")]
+        assert any(_rank(_part(t)) > _rank("engines") for t in targets), (text, targets)
+    assert _imports(ast.parse("from bakeoff.config import schema\n")) == [("bakeoff.config", True)]
 
 
 def test_the_check_catches_an_engine_importing_a_stage() -> None:
