@@ -146,13 +146,13 @@ def build_threads():
     The core left over runs the one-thread jobs that measure nothing and need no toolchain (the model's
     fetch, its fp16 copy, FP8 quantization, the GGUF conversion) beside the compile rather than after it.
     A serving or benchmarking job claims every core, so none starts while the build runs. The compiler
-    itself runs on every core (build_jobs): alone, it uses them all; beside a model job, the two share."""
+    itself runs on every core (BUILD_JOBS): alone, it uses them all; beside a model job, the two share."""
     return max(1, workflow.cores - 1)
 
 
-def build_jobs():
-    """Parallel compile processes of the llama.cpp build: one per core the workflow was given."""
-    return workflow.cores
+# Parallel compile processes of the llama.cpp build: one per core the workflow was given. Read by the rule's
+# shell, not passed as a param, so running again with other --cores never makes a finished build out of date.
+BUILD_JOBS = workflow.cores
 
 
 def spec_file(text):
