@@ -146,13 +146,9 @@ def build_threads():
     The core left over runs the one-thread jobs that measure nothing and need no toolchain (the model's
     fetch, its fp16 copy, FP8 quantization, the GGUF conversion) beside the compile rather than after it.
     A serving or benchmarking job claims every core, so none starts while the build runs. The compiler
-    itself runs on every core (BUILD_JOBS): alone, it uses them all; beside a model job, the two share."""
+    itself runs one process more than it claims (the rule's shell): alone, it uses every core; beside a model
+    job, the two share. The count is not a param, so another --cores never makes a finished build out of date."""
     return max(1, workflow.cores - 1)
-
-
-# Parallel compile processes of the llama.cpp build: one per core the workflow was given. Read by the rule's
-# shell, not passed as a param, so running again with other --cores never makes a finished build out of date.
-BUILD_JOBS = workflow.cores
 
 
 def spec_file(text):

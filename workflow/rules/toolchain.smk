@@ -32,7 +32,7 @@ rule build_llamacpp:
         LLAMACPP_ENV
     shell:
         "bakeoff stage build-llamacpp --spec {params.spec:q} --hardware {params.hardware:q}"
-        " --input {input.src} --out {output} --jobs {BUILD_JOBS} > {log} 2>&1"
+        " --input {input.src} --out {output} --jobs $(( {threads} + 1 )) > {log} 2>&1"
 
 
 # The scorer's Python binding, on the toolchain's own libllama (no second compile).
