@@ -71,6 +71,8 @@ def test_blog_v100_is_the_seed_experiment() -> None:
         ("experiment.variants.vllm=[q4_k_m]", "engine 'vllm' serves hf"),
         ("engines.vllm.host=0.0.0.0", "api_key"),
         ("load.prompt_len=[100000]", "exceeds engine"),
+        ("engines.vllm.plugin=nope", "engines.vllm.plugin: unknown engine plugin 'nope'"),
+        ("engines.llamacpp.eval_server.plugin=nope", "engines.llamacpp.eval_server.plugin: unknown engine plugin"),
         ("hardware.backend=gpu", "hardware.backend"),
         ("load.bogus=1", "bogus"),
     ],

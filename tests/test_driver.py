@@ -82,9 +82,10 @@ def test_an_env_missing_from_the_table_is_a_warning_that_says_what_to_add(tmp_pa
     assert "does not exist" in driver.check("580.1", "missing.yaml", envs_dir=tmp_path)["message"]
 
 
-def test_a_cuda_build_waits_for_the_doctor() -> None:
-    out = snakemake("-n", "--forceall", "--cores", "1", "build/llamacpp/0c1e57098-cuda70/manifest.json",
-                    "--config", "experiment=blog_v100").stdout
-    rules = [rule for rule, _ in planned_jobs(out)]
-    assert "doctor" in rules and "build_llamacpp" in rules
-    assert rules.index("doctor") < rules.index("build_llamacpp")
+@pytest.mark.parametrize("target,config", [("0c1e57098-cuda70", ["--config", "experiment=blog_v100"]),
+                                           ("0c1e57098-cpu", [])])
+def test_a_build_waits_for_the_doctor(target: str, config: list[str]) -> None:
+    """CUDA: the driver check comes first; CPU: the doctor's bandwidth probe never shares the cores with a compile."""
+    out = snakemake("-n", "--forceall", "--cores", "1", f"build/llamacpp/{target}/manifest.json", *config).stdout
+    jobs = dict(planned_jobs(out))
+    assert "results/hardware.json" in jobs["build_llamacpp"]["input"]

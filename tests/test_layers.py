@@ -1,9 +1,14 @@
-"""The house plan: each part of bakeoff imports only parts below it (or beside it).
+"""The house plan: each part of bakeoff imports only parts below it (or beside it), with no exception.
 
 Why a test: the folder layout shows the architecture only while imports keep to
 it; one import that runs back up (an engine reaching into a stage for a path)
 makes every lower layer depend on everything. The test reads the imports of
-every module (``ast``, nothing is imported), module-level and inside functions.
+every module (``ast``, nothing is imported), module-level and inside functions:
+a call up at run time ties the layers as firmly as an import at load time.
+
+A part is a package (``engines``) or, where one package holds two layers, one of
+its modules (``config.compose``): the config's types sit below the engines, which
+read them, and composing a config sits above the engines, which it asks.
 """
 
 from __future__ import annotations
@@ -17,23 +22,22 @@ SRC = Path(__file__).resolve().parents[1] / "src" / "bakeoff"
 LAYERS: list[set[str]] = [
     {"errors", "layout", "proc"},  # what every part needs: errors, the path grammar, processes
     {"models"},  # artifacts on disk: manifests, weights, model sources
-    {"config"},  # the typed, composed config
+    {"config"},  # the config's types
     {"hardware"},  # what the machine is and what it measured
     {"engines", "loadgen", "quality"},  # serving, loading and scoring a variant
+    {"config.compose", "config.sweep"},  # composing a config: Hydra, the schema, then each engine's own checks
     {"results", "report"},  # what the numbers mean and how they are shown
     {"stages"},  # one DAG rule each: the order of events
     {"cli"},
 ]
-# Calls (inside functions, never at import time) from a lower layer into a higher one, each with its reason.
-ALLOWED_CALLS_UP = {
-    # Config validation asks each engine its own rules (context, plugin name, config problems).
-    ("config", "engines"),
-}
 
 
 def _part(module: str) -> str:
-    """``bakeoff.engines.base`` -> ``engines``; ``bakeoff.cli`` -> ``cli``."""
+    """``bakeoff.engines.base`` -> ``engines``; ``bakeoff.cli`` -> ``cli``; ``bakeoff.config.compose`` ->
+    ``config.compose`` (a module named in LAYERS is a part of its own)."""
     parts = module.split(".")
+    if len(parts) > 2 and ".".join(parts[1:3]) in set().union(*LAYERS):
+        return ".".join(parts[1:3])
     return parts[1] if len(parts) > 1 else ""
 
 
@@ -52,16 +56,24 @@ def _module_name(path: Path) -> str:
     return ".".join(parts)
 
 
+def _from(module: str, names: list[ast.alias]) -> list[str]:
+    """What ``from <module> import <names>`` reaches: the module, or each named submodule that is a part of its
+    own (``from bakeoff.config import compose`` reaches ``config.compose``, not ``config``)."""
+    if module == "bakeoff":
+        return [f"bakeoff.{a.name}" for a in names]
+    own = [f"{module}.{a.name}" for a in names if _part(f"{module}.{a.name}") != _part(module)]
+    return own + ([module] if len(own) < len(names) else [])
+
+
 def _absolute(node: ast.ImportFrom, package: str) -> list[str]:
     """The modules a ``from`` import names, relative ones (``from ..stages import summary``) resolved against
     ``package``, the importing module's package."""
     if node.level == 0:
-        return [node.module] if node.module != "bakeoff" else [f"bakeoff.{a.name}" for a in node.names]
+        return _from(str(node.module), node.names)
     parts = package.split(".")
     base = ".".join(parts[:len(parts) - (node.level - 1)])
     if node.module:
-        module = f"{base}.{node.module}"
-        return [module] if module != "bakeoff" else [f"bakeoff.{a.name}" for a in node.names]
+        return _from(f"{base}.{node.module}", node.names)
     return [f"{base}.{a.name}" for a in node.names]
 
 
@@ -92,11 +104,9 @@ def violations() -> list[str]:
         if not mine:  # bakeoff/__init__.py
             continue
         package = me if path.name == "__init__.py" else me.rsplit(".", 1)[0]
-        for target, at_import in _imports(ast.parse(path.read_text(), str(path)), package):
+        for target, _ in _imports(ast.parse(path.read_text(), str(path)), package):
             theirs = _part(target)
             if _rank(theirs) <= _rank(mine):
-                continue
-            if not at_import and (mine, theirs) in ALLOWED_CALLS_UP:
                 continue
             found.append(f"{me} imports {target} ({mine} is below {theirs})")
     return found
@@ -110,6 +120,24 @@ def test_at_most_five_modules_at_the_top() -> None:
     top = sorted(p.stem for p in SRC.glob("*.py"))
     assert len(top) <= 5, top
     assert {p.name for p in SRC.iterdir() if p.is_dir() and (p / "__init__.py").exists()} <= set().union(*LAYERS)
+
+
+def test_a_module_named_in_the_plan_is_a_part_of_its_own() -> None:
+    """The schema (``config``) is below the engines, composition (``config.compose``) above them."""
+    assert _part("bakeoff.config.schema") == "config" and _part("bakeoff.config.compose") == "config.compose"
+    assert _rank("config") < _rank("engines") < _rank("config.compose")
+    tree = ast.parse("def check():\n    from bakeoff.engines import get_engine\n")
+    (target, at_import), = _imports(tree, "bakeoff.config")
+    assert not at_import and _rank(_part(target)) > _rank(_part("bakeoff.config.schema"))
+
+
+def test_importing_composition_from_its_package_still_reaches_it() -> None:
+    """``from bakeoff.config import compose`` in an engine reaches up to composition, as the dotted form does."""
+    for text in ("from bakeoff.config import compose, schema\n", "from ..config import compose\n",
+                 "from bakeoff.config.compose import load_config\n"):
+        targets = [t for t, _ in _imports(ast.parse(text), "bakeoff.engines")]
+        assert any(_rank(_part(t)) > _rank("engines") for t in targets), (text, targets)
+    assert _imports(ast.parse("from bakeoff.config import schema\n")) == [("bakeoff.config", True)]
 
 
 def test_the_check_catches_an_engine_importing_a_stage() -> None:

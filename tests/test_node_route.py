@@ -7,6 +7,7 @@ llama.cpp) and run through the fetch stage's manifest format.
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import tarfile
 from pathlib import Path
@@ -195,13 +196,23 @@ def _planned_threads(cores: int) -> dict[str, int]:
 
 
 def test_a_fresh_node_makes_the_model_beside_the_compile():
-    """On 16 cores the compile leaves one core, so the one-thread source and f16 jobs need not wait for it;
-    on a 2-core machine the compile takes both."""
-    node = _planned_threads(16)
-    assert node["build_llamacpp"] == 15
-    assert node["fetch_model"] == node["convert_gguf"] == 1
-    assert node["build_llamacpp"] + node["fetch_model"] <= 16
-    assert _planned_threads(2)["build_llamacpp"] == 2
+    """The compile claims all cores but one, so the one-thread source and f16 jobs need not wait for it, on 16
+    cores as on 2; a job that measures (a server, llama-bench) claims every core, so it never runs beside it."""
+    for cores in (16, 2):
+        node = _planned_threads(cores)
+        assert node["build_llamacpp"] == cores - 1
+        assert node["fetch_model"] == node["convert_gguf"] == 1
+        assert node["build_llamacpp"] + node["fetch_model"] <= cores
+        for measuring in ("serve_load", "kernel_bench"):
+            assert node[measuring] == cores < node["build_llamacpp"] + node[measuring], measuring
+
+
+def test_the_compile_runs_on_every_core_it_was_given():
+    """On 2 cores the build claims one, and still compiles with 2 processes: alone it uses both."""
+    out = snakemake("-n", "-p", "--forceall", "--cores", "2", "build/llamacpp/0c1e57098-cpu/manifest.json").stdout
+    assert dict(planned_jobs(out))["build_llamacpp"].get("threads", "1") == "1"
+    jobs = re.search(r"bakeoff stage build-llamacpp .* --jobs \$\(\( (\d+) \+ 1 \)\) ", out)
+    assert jobs and int(jobs.group(1)) + 1 == 2, out[-2000:]
 
 
 def test_a_node_serves_a_ready_model_before_making_the_next():

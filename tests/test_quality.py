@@ -114,7 +114,7 @@ def test_every_supported_variant_has_quality_columns(summary: dict) -> None:
             assert r["quality_status"] == "unsupported" and r["ppl"] == "", r
             continue
         assert r["quality_status"] == "ok", (engine, fmt, r["quality_reason"])
-        for col in ("ppl", "bits_per_byte", "accuracy", "ppl_delta_vs_fp16", "kl_vs_fp16"):
+        for col in ("ppl", "bits_per_byte", "accuracy", "ppl_rel_delta_vs_fp16", "kl_vs_fp16"):
             assert math.isfinite(float(r[col])), (engine, fmt, col)
         assert r["ppl_task"] == "pydoc_ppl" and int(r["ppl_n"]) == limit["pydoc_ppl"]
         assert r["accuracy_task"] == "pydoc_mc/acc_norm" and int(r["accuracy_n"]) == limit["pydoc_mc"]
@@ -129,7 +129,7 @@ def test_perplexity_is_finite_and_sane(summary: dict) -> None:
     assert 2.0 < float(r["ppl"]) < 500.0
     assert 0.3 < float(r["bits_per_byte"]) < 3.0
     assert 0.0 <= float(r["accuracy"]) <= 1.0  # a score of 8 questions: a number, not a finding
-    assert float(r["ppl_delta_vs_fp16"]) == 0.0 and float(r["kl_vs_fp16"]) == 0.0
+    assert float(r["ppl_rel_delta_vs_fp16"]) == 0.0 and float(r["kl_vs_fp16"]) == 0.0
 
 
 @pytest.mark.slow

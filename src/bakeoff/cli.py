@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 from bakeoff.errors import BakeoffError
+from bakeoff.layout import COLUMNS_DOC
 
 
 def _dir(p: str) -> Path:
@@ -61,6 +62,17 @@ def _cmd_summary(a: argparse.Namespace) -> None:
         from bakeoff.stages.summary import CAPACITY_COLUMNS, capacity_rows
 
         write_csv(Path(a.capacity_out), capacity_rows([Path(p) for p in a.indexes]), CAPACITY_COLUMNS)
+
+
+def _cmd_columns(a: argparse.Namespace) -> None:
+    from bakeoff.models.artifacts import atomic_write_text
+    from bakeoff.results.column_docs import render
+
+    if a.write:
+        Path(a.write).parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(Path(a.write), render())
+    else:
+        sys.stdout.write(render())
 
 
 def _cmd_node(a: argparse.Namespace) -> None:
@@ -389,6 +401,12 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--hardware", help="results/hardware.json (the doctor's): predictions, measured CPU bandwidth")
     m.add_argument("--kernel", nargs="*", default=[], help="llama-bench results (kernel_bench rule): kernel columns")
     m.set_defaults(func=_cmd_summary)
+
+    co = sub.add_parser("columns", help="the data dictionary of results/summary.csv and results/capacity.csv "
+                        "(bakeoff.results.columns) as Markdown")
+    co.add_argument("--write", metavar="PATH", help=f"write it there (the committed copy: {COLUMNS_DOC}) "
+                    "instead of printing it")
+    co.set_defaults(func=_cmd_columns)
 
     sm = sub.add_parser("samples", help="write the variants' sample generations side by side (markdown + json)")
     sm.add_argument("variants", nargs="+", help="samples.json of every variant")

@@ -93,6 +93,8 @@ KERNEL = "results/kernel/{model}/{format}-fa{fa}.json"
 # A job's config slice travels as a file, so a failing job's command line is short and its error readable;
 # the name is the content's digest, so Snakemake's params trigger still re-runs a job when its slice changes.
 SPEC = ".snakemake/bakeoff-specs/{digest}.json"
+# The data dictionary of the summary and capacity tables, generated from bakeoff.results.columns (committed).
+COLUMNS_DOC = "docs/columns.md"
 
 
 class _Backend(Protocol):

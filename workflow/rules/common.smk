@@ -58,9 +58,10 @@ if CFG.site.cache_dir:
 
 # Pinned environment per role (envs/), used with --sdm conda on a cluster.
 LLAMACPP_ENV = f"../../envs/{CFG.hardware.toolchain_env}"
-# A CUDA build waits for the doctor, which refuses a driver older than that environment's CUDA toolkit needs
-# (bakeoff.hardware.driver). ancient(): a re-run doctor never makes a finished build look out of date.
-BUILD_GATE = [ancient(HARDWARE)] if CFG.hardware.backend == "cuda" else []
+# The build waits for the doctor: on CUDA the doctor refuses a driver older than that environment's CUDA
+# toolkit needs (bakeoff.hardware.driver); everywhere its bandwidth probe (the roofline's B) must not share the
+# cores with a compile. ancient(): a re-run doctor never makes a finished build look out of date.
+BUILD_GATE = [ancient(HARDWARE)]
 
 
 def serve_env(wildcards):
@@ -149,9 +150,14 @@ def source_tree_manifest():
 
 
 def build_threads():
-    """All cores on a small machine; one short of all on a larger one (a fresh GPU node), so the
-    one-thread model jobs that need no toolchain (the source, its f16 convert) run beside the compile."""
-    return workflow.cores - 1 if workflow.cores > 4 else workflow.cores
+    """The cores the llama.cpp build claims from the scheduler: all but one (at least one).
+
+    The core left over runs the one-thread jobs that measure nothing and need no toolchain (the model's
+    fetch, its fp16 copy, FP8 quantization, the GGUF conversion) beside the compile rather than after it.
+    A serving or benchmarking job claims every core, so none starts while the build runs. The compiler
+    itself runs one process more than it claims (the rule's shell): alone, it uses every core; beside a model
+    job, the two share. The count is not a param, so another --cores never makes a finished build out of date."""
+    return max(1, workflow.cores - 1)
 
 
 def spec_file(text):

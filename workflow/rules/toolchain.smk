@@ -17,7 +17,7 @@ rule fetch_llamacpp:
 rule build_llamacpp:
     input:
         src=lambda w: source_tree_manifest(),
-        doctor=BUILD_GATE,  # CUDA: the driver check first
+        doctor=BUILD_GATE,  # the doctor first (CUDA: its driver check; everywhere: its bandwidth probe alone)
     output:
         TOOLCHAIN,
     params:
@@ -32,7 +32,7 @@ rule build_llamacpp:
         LLAMACPP_ENV
     shell:
         "bakeoff stage build-llamacpp --spec {params.spec:q} --hardware {params.hardware:q}"
-        " --input {input.src} --out {output} --jobs {threads} > {log} 2>&1"
+        " --input {input.src} --out {output} --jobs $(( {threads} + 1 )) > {log} 2>&1"
 
 
 # The scorer's Python binding, on the toolchain's own libllama (no second compile).

@@ -1,8 +1,14 @@
-"""Compose bakeoff's Hydra config and validate it against the typed schema.
+"""Compose bakeoff's Hydra config, validate it against the typed schema, then ask each engine.
 
 Why one function: the Snakefile, the CLI and the tests must all see exactly the
 same config for the same overrides. Hydra composes ``conf/``; pydantic checks
-the result. Both kinds of failure become a ``ConfigError`` naming the key.
+the result; then each configured engine checks its own settings (its plugin
+exists, a prompt fits its context, the hardware suits it). Every kind of
+failure becomes a ``ConfigError`` naming the key.
+
+Why the engine checks live here and not in the schema: the engines read the
+schema's types, so a schema that asked the engines would import its own
+readers. Composition sits above both (tests/test_layers.py).
 """
 
 from __future__ import annotations
@@ -22,7 +28,7 @@ from omegaconf.errors import OmegaConfBaseException
 from pydantic import ValidationError
 
 from bakeoff.config.schema import Config
-from bakeoff.errors import ConfigError
+from bakeoff.errors import BakeoffError, ConfigError
 
 
 def find_conf_dir(start: Path | None = None) -> Path:
@@ -102,14 +108,42 @@ def load_config(overrides: Sequence[str] = (), conf_dir: Path | None = None) -> 
     return check_engines(cfg)
 
 
-def check_engines(cfg: Config) -> Config:
-    """Each serving engine's own checks of its settings against the hardware (its plugin knows what fails)."""
+def engine_problems(cfg: Config) -> list[str]:
+    """What the engines themselves find wrong with a validated config, each naming its key.
+
+    Every configured engine (and its ``eval_server``) must name a registered plugin; each engine that
+    serves a variant must fit the longest prompt plus the output in one request's context, and passes its
+    own settings-against-hardware checks (``Engine.config_problems``).
+    """
     from bakeoff.engines import get_engine
 
+    problems: list[str] = []
+    for name, engine in cfg.engines.items():
+        for key, e in ((f"engines.{name}", engine), (f"engines.{name}.eval_server", engine.eval_server)):
+            if e is None:
+                continue
+            try:
+                get_engine(e.plugin)
+            except BakeoffError as err:
+                problems.append(f"{key}.plugin: {err}")
+    if problems:
+        return problems
+    need = max(cfg.load.prompt_len) + cfg.load.output_len
     for name in cfg.experiment.variants:
         engine = cfg.engines[name]
-        for problem in get_engine(engine.plugin).config_problems(engine, cfg.hardware):
-            raise ConfigError(f"engines.{name}: {problem}")
+        plugin = get_engine(engine.plugin)
+        ctx = plugin.request_context(engine.settings, cfg.model.max_context)
+        if need > ctx:
+            problems.append(f"load.prompt_len {max(cfg.load.prompt_len)} + load.output_len {cfg.load.output_len} = "
+                            f"{need} tokens exceeds engine {name!r}'s per-request context of {ctx} tokens")
+        problems += [f"engines.{name}: {p}" for p in plugin.config_problems(engine, cfg.hardware)]
+    return problems
+
+
+def check_engines(cfg: Config) -> Config:
+    """The config, once its engines find nothing wrong with it (:func:`engine_problems`)."""
+    if problems := engine_problems(cfg):
+        raise ConfigError("invalid config:\n" + "\n".join(f"  {p}" for p in problems))
     return cfg
 
 

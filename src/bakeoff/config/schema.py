@@ -3,7 +3,10 @@
 Why: Snakemake plans the DAG from this config, so a typo or an impossible value
 must fail *before* any job starts, with a message that names the key. Models
 forbid unknown keys, and cross-field checks (a variant's format must exist and
-suit its engine, a prompt must fit the context) live here, next to the types.
+suit its engine) live here, next to the types. What only an engine knows (is
+its plugin registered, does a prompt fit its context, do its settings suit the
+hardware) is asked of the engines by bakeoff.config.compose, which sits above
+both: the schema never imports an engine.
 """
 
 from __future__ import annotations
@@ -15,7 +18,6 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, PositiveFloat, PositiveInt, model_validator
 
 from bakeoff.config.slo import SLO_PRESETS
-from bakeoff.errors import BakeoffError
 from bakeoff.models.synthetic import Shape
 
 SLUG = r"^[a-z0-9][a-z0-9_.-]*$"
@@ -133,7 +135,7 @@ class ToolchainCfg(_Strict):
 
 
 class EngineCfg(_Strict):
-    plugin: str  # a registered engine (bakeoff.engines.register); checked below
+    plugin: str  # a registered engine (bakeoff.engines.register); checked by bakeoff.config.compose
     serves: Literal["hf", "gguf"]
     host: str = "127.0.0.1"
     port: int | None = Field(default=None, ge=1, le=65535)
@@ -151,10 +153,6 @@ class EngineCfg(_Strict):
 
     @model_validator(mode="after")
     def _bind_safely(self) -> EngineCfg:
-        try:
-            engine_plugin(self.plugin)
-        except BakeoffError as e:
-            raise ValueError(str(e)) from None
         try:
             loopback = ipaddress.ip_address(self.host).is_loopback
         except ValueError:
@@ -309,22 +307,6 @@ class ExperimentCfg(_Strict):
     variants: dict[str, list[str]] = Field(min_length=1)
 
 
-def engine_plugin(plugin: str) -> Any:
-    """The registered engine class of a plugin name: what only the engine knows (its context, its flags).
-
-    The one lookup from the config layer up into the engines (a call at validation time, not an import
-    at load time; tests/test_layers.py names it): validation needs each engine's own rules.
-    """
-    from bakeoff.engines import get_engine
-
-    return get_engine(plugin)
-
-
-def request_context(e: EngineCfg, model_max_context: int | None = None) -> int:
-    """Tokens one request may use on this engine, as the engine itself computes it."""
-    return engine_plugin(e.plugin).request_context(e.settings, model_max_context)
-
-
 class Config(_Strict):
     model: ModelCfg
     hardware: HardwareCfg
@@ -369,21 +351,11 @@ class Config(_Strict):
                     raise ValueError(
                         f"format {fmt!r} is a {self.formats[fmt].kind} artifact but engine {engine!r} serves {e.serves}"
                     )
-            self._check_context(engine, e)
             tp = int(e.settings.get("tensor_parallel_size") or 1)
             if self.hardware.backend == "cuda" and tp > self.hardware.gpus:
                 raise ValueError(f"engines.{engine}.settings.tensor_parallel_size={tp} exceeds hardware.gpus="
                                  f"{self.hardware.gpus} ({self.hardware.name})")
         return self
-
-    def _check_context(self, name: str, e: EngineCfg) -> None:
-        need = max(self.load.prompt_len) + self.load.output_len
-        ctx = request_context(e, self.model.max_context)
-        if need > ctx:
-            raise ValueError(
-                f"load.prompt_len {max(self.load.prompt_len)} + load.output_len {self.load.output_len} = {need} tokens "
-                f"exceeds engine {name!r}'s per-request context of {ctx} tokens"
-            )
 
     # Convenience views used by the Snakefile -----------------------------
     def variants(self) -> list[tuple[str, str]]:

@@ -2,7 +2,7 @@
 
 The reference of a variant is the 16-bit variant *of the same engine*
 (vLLM ``fp16``, llama.cpp ``f16``: the highest bits per weight, at least 15.5),
-so ``ppl_delta_vs_fp16`` and ``kl_vs_fp16`` isolate the format's effect from
+so ``ppl_rel_delta_vs_fp16`` and ``kl_vs_fp16`` isolate the format's effect from
 the engine's; the engine effect is the difference between the engines' own
 16-bit rows. Both are computed on the same text: the perplexity task's
 documents, and the KL reference tokens (see bakeoff.quality.evaluate).
@@ -18,7 +18,7 @@ from bakeoff.layout import QUALITY_FILE, TOPK_FILE
 from bakeoff.quality.topk import mean_kl
 
 QUALITY_COLUMNS = ["quality_status", "quality_reason", "ppl", "bits_per_byte", "ppl_task", "ppl_n", "accuracy",
-                   "accuracy_task", "accuracy_n", "ppl_delta_vs_fp16", "kl_vs_fp16", "quality_ref", "quality_route"]
+                   "accuracy_task", "accuracy_n", "ppl_rel_delta_vs_fp16", "kl_vs_fp16", "quality_ref", "quality_route"]
 MIN_REF_BITS = 15.5
 
 
@@ -70,7 +70,7 @@ def quality_columns(variants: list[tuple[Path, dict[str, Any]]]) -> dict[Path, d
             row = cols[d]
             row["quality_ref"] = f"{ref_v['engine']}-{ref_v['format']}"
             if row.get("ppl") is not None and row.get("ppl_task") == ref_cols.get("ppl_task"):
-                row["ppl_delta_vs_fp16"] = row["ppl"] / ref_cols["ppl"] - 1.0
+                row["ppl_rel_delta_vs_fp16"] = row["ppl"] / ref_cols["ppl"] - 1.0
             var_topk = _topk(d)
             if ref_topk and var_topk and row.get("quality_status") == "ok":
                 row["kl_vs_fp16"] = mean_kl(ref_topk, var_topk)

@@ -28,7 +28,7 @@ from bakeoff.models.artifacts import staged_dir  # noqa: E402
 from bakeoff.results.numbers import number as num  # noqa: E402
 
 PLOTS = ["throughput_vs_concurrency.png", "ttft.png", "tpot.png", "quality_vs_speed.png", "roofline.png"]
-QUALITY = ["ppl", "accuracy", "ppl_delta_vs_fp16", "kl_vs_fp16"]
+QUALITY = ["ppl", "accuracy", "ppl_rel_delta_vs_fp16", "kl_vs_fp16"]
 
 
 def read_summary(path: Path) -> list[dict[str, str]]:

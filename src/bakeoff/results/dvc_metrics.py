@@ -20,7 +20,7 @@ from bakeoff.layout import row_cell_name, variant_name
 from bakeoff.results.numbers import number
 
 HEADLINE = ["output_throughput", "request_throughput", "median_ttft_ms", "p99_ttft_ms", "median_tpot_ms",
-            "decode_tok_s", "decode_efficiency_pct", "ppl", "ppl_delta_vs_fp16", "kl_vs_fp16", "accuracy"]
+            "decode_tok_s", "decode_efficiency_pct", "ppl", "ppl_rel_delta_vs_fp16", "kl_vs_fp16", "accuracy"]
 
 
 

@@ -46,7 +46,7 @@ from bakeoff.results.numbers import number
 
 # summary columns that identify a cell rather than measure it (never metrics)
 ID_COLUMNS = {"experiment", "model", "engine", "engine_version", "format", "hardware", "status", "reason",
-              "engine_settings", "config_hash", "sweep", "overrides", "published_refs"}
+              "engine_settings", "config_hash", "sweep", "overrides", "published_refs", "schema_version"}
 SERIES_METRICS = ["output_throughput", "median_ttft_ms", "median_tpot_ms", "decode_efficiency_pct"]
 EXPERIMENT_KIND = {"mlflow.experimentKind": "custom_model_development"}
 

@@ -3,8 +3,9 @@
 Rows come from each variant's ``cells.json`` (written by the serve-load
 stage), unsupported and failed cells included, with their reasons; the
 variant's quality columns (``quality.json``, see bakeoff.quality.compare) are
-joined onto each of its rows. Written
-atomically (temp file + rename) so a reader never sees half a CSV.
+joined onto each of its rows. Every row of both tables carries ``schema_version``: which version of
+the data dictionary (bakeoff.results.columns, docs/columns.md) it follows. Written atomically (temp
+file + rename) so a reader never sees half a CSV.
 """
 
 from __future__ import annotations
@@ -22,9 +23,10 @@ from bakeoff.loadgen.metrics import SERVER_METRICS, SUMMARY_METRICS
 from bakeoff.loadgen.scrape import COLUMNS as SCRAPE_COLUMNS
 from bakeoff.models.artifacts import atomic_write_text
 from bakeoff.quality.compare import QUALITY_COLUMNS, quality_columns
+from bakeoff.results.columns import SCHEMA_VERSION
 
 COLUMNS = [
-    "experiment", "model", "engine", "engine_version", "format", "hardware",
+    "schema_version", "experiment", "model", "engine", "engine_version", "format", "hardware",
     "concurrency", "prompt_len", "output_len", "repeat", "block", "order", "node_id", "request_rate",
     "requests", "completed", "failed", "status", "reason",
     *SUMMARY_METRICS,
@@ -40,7 +42,7 @@ COLUMNS = [
 ]
 # results/capacity.csv: one row per variant, prompt length and SLO (bakeoff.stages.serve_capacity).
 CAPACITY_COLUMNS = [
-    "experiment", "model", "engine", "format", "hardware", "node_id", "prompt_len", "output_len",
+    "schema_version", "experiment", "model", "engine", "format", "hardware", "node_id", "prompt_len", "output_len",
     "slo", "slo_ttft_ms", "slo_tpot_ms",
     "capacity_concurrency", "concurrency_converged", "concurrency_at_limit", "concurrency_probes", "binding_concurrency",
     "capacity_rate", "rate_converged", "rate_at_limit", "rate_probes", "binding_rate",
@@ -68,13 +70,14 @@ def rows(index_paths: list[Path], config_hash: str) -> list[dict[str, Any]]:
             row = {k: _fmt(cell.get(k)) for k in COLUMNS}
             row.update({k: _fmt(v) for k, v in quality[d].items()})
             row["config_hash"] = config_hash
+            row["schema_version"] = SCHEMA_VERSION
             out.append(row)
     return out
 
 
 def capacity_rows(index_paths: list[Path]) -> list[dict[str, Any]]:
     """Every variant's capacity results (empty where no search ran)."""
-    return [{k: _fmt(r.get(k)) for k in CAPACITY_COLUMNS}
+    return [{k: _fmt(r.get(k)) for k in CAPACITY_COLUMNS} | {"schema_version": SCHEMA_VERSION}
             for p in index_paths for r in json.loads(Path(p).read_text()).get("capacity", [])]
 
 

@@ -1,0 +1,498 @@
+"""The data dictionary: every column of ``results/summary.csv`` and ``results/capacity.csv``, defined once.
+
+Why a registry in code: the columns are written by a dozen modules, each adding its own, and a reader of
+the CSV needs one place that says what a column means, in which unit, and which module to read for the
+details. ``docs/columns.md`` is generated from here (``bakeoff columns --write``), and tests/test_columns.py
+fails when a summary written by the real code has a column this registry lacks, or lists one it no longer
+writes. Names are literal here, never built from the writers' own constants, so a column added in code
+stays unregistered until someone defines it.
+
+Columns come in families; each family states the naming convention its columns follow, so a name can be
+read without the table: ``_share`` is a fraction (0-1), ``_pct`` a percentage (0-100), ``_ci_lo`` /
+``_ci_hi`` are the two bounds of an interval, ``_ci95`` is a half-width. vLLM's own names
+(``output_throughput``, ``p99_tpot_ms``) stay as ``vllm bench serve`` prints them, units and all.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from bakeoff.layout import CAPACITY_TABLE
+from bakeoff.layout import SUMMARY as SUMMARY_PATH
+
+# Raised whenever a column is renamed or removed, or changes its unit or meaning; a new column leaves it.
+# Every row of both tables carries it (``schema_version``), so a reader can tell which dictionary applies.
+SCHEMA_VERSION = 1
+
+
+@dataclass(frozen=True)
+class Column:
+    name: str
+    unit: str  # "" where the value is a name, a flag or free text
+    definition: str
+    writer: str  # the module that computes the value (read it for the details)
+
+
+@dataclass(frozen=True)
+class Family:
+    name: str
+    convention: str  # how the family's names read: the rule a reader can apply without the table
+    columns: tuple[Column, ...]
+
+
+@dataclass(frozen=True)
+class Table:
+    name: str
+    path: str  # where the pipeline writes it (bakeoff.layout)
+    about: str
+    families: tuple[Family, ...]
+
+    def columns(self) -> list[Column]:
+        return [c for f in self.families for c in f.columns]
+
+    def names(self) -> list[str]:
+        return [c.name for c in self.columns()]
+
+    def get(self, name: str) -> Column | None:
+        return next((c for c in self.columns() if c.name == name), None)
+
+
+def _family(name: str, convention: str, writer: str, rows: Iterable[tuple[str, str, str]]) -> Family:
+    """A family whose columns are (name, unit, definition) rows, all written by ``writer``."""
+    return Family(name, convention, tuple(Column(n, u, d, writer) for n, u, d in rows))
+
+
+def _mixed(name: str, convention: str, rows: Iterable[tuple[str, str, str, str]]) -> Family:
+    """A family whose columns are (name, unit, definition, writer) rows."""
+    return Family(name, convention, tuple(Column(*r) for r in rows))
+
+
+# Units, spelled one way everywhere.
+TOK_S, REQ_S, MS, S, BYTES, COUNT, TOKENS = "tok/s", "req/s", "ms", "s", "bytes", "count", "tokens"
+FRACTION, PCT, RATIO = "fraction (0-1)", "% (0-100)", "ratio"
+
+METRICS = "bakeoff.loadgen.metrics"
+CELLS = "bakeoff.loadgen.cells"
+MEASURE = "bakeoff.stages.measure_cell"
+SERVE = "bakeoff.stages.serve_load"
+SUMMARY_STAGE = "bakeoff.stages.summary"
+DERIVED = "bakeoff.results.derived"
+
+IDENTITY = _mixed(
+    "identity",
+    "What a row measured and where: keys, not measurements. Together with `probe_of` and `slo` they name a "
+    "row's group across repeats (`bakeoff.results.spread.GROUP_KEY`). Lengths count tokens of the model's "
+    "own tokenizer.",
+    [
+        ("schema_version", "", f"Version of this dictionary the row follows (now {SCHEMA_VERSION}); raised when "
+         "a column is renamed or removed or changes unit or meaning.", SUMMARY_STAGE),
+        ("experiment", "", "Experiment (sweep point) name: `conf/experiment/<name>.yaml`, with a suffix per "
+         "swept value (`smoke.parallel4`).", SERVE),
+        ("model", "", "Model name (`conf/model/`).", SERVE),
+        ("engine", "", "Engine config name (`engines.<name>`; two configs of one plugin stay two engines).", SERVE),
+        ("engine_version", "", "The engine's version as it reports it (vLLM's package or image tag, "
+         "`llama.cpp@<commit>`).", "bakeoff.engines.base"),
+        ("format", "", "Weight format (`formats.<name>`: fp16, fp8, q4_k_m ...).", SERVE),
+        ("hardware", "", "Hardware config name (`conf/hardware/`).", SERVE),
+        ("concurrency", COUNT, "Requests kept in flight (closed loop); the cap on in-flight requests of an "
+         "open-loop cell.", CELLS),
+        ("prompt_len", TOKENS, "Prompt length of every request of the cell.", CELLS),
+        ("output_len", TOKENS, "Requested output length (`max_tokens`, with `ignore_eos`).", SERVE),
+        ("repeat", COUNT, "Repeat index, from 0 (`load.repeats`).", CELLS),
+        ("block", COUNT, "Block the cell ran in: each block runs every variant once, on its own server "
+         "(`bakeoff.loadgen.blocks`); equals `repeat`.", MEASURE),
+        ("order", COUNT, "Position of this variant's job in its block's seeded order.", MEASURE),
+        ("node_id", "", "The machine: `gpu:<uuid>[,...]` of the server's GPUs, else "
+         "`host:<hostname>/<machine-id prefix>`; rows of different nodes are never paired.", MEASURE),
+        ("request_rate", REQ_S, "Open-loop (Poisson) arrival rate, vLLM's `--request-rate`; empty for a "
+         "closed loop.", SERVE),
+        ("cell", "", "The cell's file stem under `results/raw/...` (`c8-p128`, a probe's own name).", CELLS),
+        ("config_hash", "", "Hash (16 hex digits) of the settings that produced the row: rows with equal "
+         "hashes ran the same config.", SUMMARY_STAGE),
+        ("sweep", "", "The swept values of this sweep point (`--config sweep=...`); empty without a sweep.",
+         DERIVED),
+        ("overrides", "", "Hydra overrides of this point against the experiment's defaults.", DERIVED),
+        ("engine_settings", "JSON", "The engine's `settings` as configured (one JSON object).", SERVE),
+        ("synthetic", "bool", "The model has random weights (`model.source: synthetic`): speed is "
+         "meaningful, quality is not.", DERIVED),
+    ],
+)
+
+OUTCOME = _mixed(
+    "outcome",
+    "Whether the cell produced numbers. `status` is one of `ok`, `degraded` (some requests failed), "
+    "`failed` and `unsupported` (the engine refused the format here); `reason` and `load_note` are free text. "
+    "Counts are requests.",
+    [
+        ("requests", COUNT, "Measured requests sent (warm-up excluded).", CELLS),
+        ("completed", COUNT, "Measured requests that finished successfully (vLLM's `completed`).", METRICS),
+        ("failed", COUNT, "Measured requests that failed; excluded from every latency and throughput.", METRICS),
+        ("status", "", "`ok`, `degraded`, `failed` or `unsupported`.", MEASURE),
+        ("reason", "", "Why the status is not `ok` (the error or refusal, shortened).", MEASURE),
+        ("warmup_requests", COUNT, "Uncounted warm-up requests sent at the cell's concurrency before it.", MEASURE),
+        ("load_note", "", "What the load did beyond the defaults (warm-up, request counts, waves) and what "
+         "the server or the client noticed.", MEASURE),
+        ("predicted_status", "", "What the doctor's hardware record predicts for this variant "
+         "(`supported` / `unsupported`); empty without a record.", DERIVED),
+        ("predicted_reason", "", "Why the doctor predicts that status.", DERIVED),
+    ],
+)
+
+VLLM = _family(
+    "vllm",
+    "Names and definitions of `vllm bench serve`, kept as that tool prints them so numbers compare with it "
+    "(their units are fixed by the name, not always in it): `output_throughput` and `total_token_throughput` "
+    "are tokens/s, `request_throughput` and `request_goodput` requests/s, and `<stat>_<latency>_ms` is a "
+    "statistic (`mean`, `median`, `p99`: numpy's linear percentiles) of a latency in milliseconds over the "
+    "cell's successful requests. TTFT: send to first token chunk; TPOT: (E2EL - TTFT) / (output tokens - 1) "
+    "per request; ITL: gaps between token chunks, pooled over requests; E2EL: send to last token chunk.",
+    METRICS,
+    [
+        ("output_throughput", TOK_S, "Output tokens of the successful requests over `duration_s`."),
+        ("request_throughput", REQ_S, "Successful requests over `duration_s`."),
+        ("total_token_throughput", TOK_S, "Prompt plus output tokens of the successful requests over "
+         "`duration_s`."),
+        ("duration_s", S, "First dispatch to last completion of the measured requests (warm-up excluded)."),
+        ("median_ttft_ms", MS, "Median time to first token."),
+        ("p99_ttft_ms", MS, "99th percentile of time to first token."),
+        ("median_tpot_ms", MS, "Median time per output token (first token excluded)."),
+        ("p99_tpot_ms", MS, "99th percentile of time per output token."),
+        ("median_itl_ms", MS, "Median inter-token latency (gaps between token chunks, pooled)."),
+        ("p99_itl_ms", MS, "99th percentile of inter-token latency."),
+        ("median_e2el_ms", MS, "Median end-to-end latency of a request."),
+        ("p99_e2el_ms", MS, "99th percentile of end-to-end latency."),
+        ("mean_ttft_ms", MS, "Mean time to first token."),
+        ("mean_tpot_ms", MS, "Mean time per output token."),
+        ("request_goodput", REQ_S, "Successful requests a second that met every SLO of `load.slo_ms` "
+         "(vLLM's `--goodput`)."),
+    ],
+)
+
+STEADY = _family(
+    "steady state",
+    "bakeoff's own view of a closed loop: the steady span runs from the moment `concurrency` requests are "
+    "first in flight to the moment fewer remain. `steady_output_throughput` is named after vLLM's "
+    "`output_throughput` and in its unit (tokens/s); `_s` is seconds; `_share` is a fraction (0-1). Empty "
+    "with fewer successful requests than the concurrency, and on open-loop cells.",
+    METRICS,
+    [
+        ("steady_output_throughput", TOK_S, "Output tokens streamed inside the steady span, over its length."),
+        ("ramp_s", S, "First dispatch to the start of the steady span."),
+        ("tail_s", S, "End of the steady span to the last completion, while fewer than `concurrency` run."),
+        ("tail_share", FRACTION, "`tail_s` over `duration_s`."),
+    ],
+)
+
+
+def _interval_rows() -> list[tuple[str, str, str]]:
+    latencies = {"ttft": "time to first token", "tpot": "time per output token", "itl": "inter-token latency"}
+    ends = {"lo": "Lower", "hi": "Upper"}
+    return [(f"{stat}_{m}_ms_ci_{end}", MS, f"{ends[end]} bound of the 95 % interval of the {stat} "
+             f"{what} (`{stat}_{m}_ms`), from the cell's own requests.")
+            for m, what in latencies.items() for stat in ("median", "p99") for end in ("lo", "hi")]
+
+
+INTERVALS = _family(
+    "per-cell intervals",
+    "`<statistic>_ci_lo` and `<statistic>_ci_hi` are the two bounds, in the statistic's unit (ms), of a 95 % "
+    "interval of that statistic from one cell's own requests (`bakeoff.loadgen.metrics` names the method). "
+    "They are bounds, not a half-width (compare `_ci95` below). Empty where the cell's requests cannot bound "
+    "the statistic (too few requests for a p99 has no upper bound).",
+    METRICS,
+    _interval_rows(),
+)
+
+MEMORY = _mixed(
+    "memory and weights",
+    "Sizes are bytes; `peak_` is the highest value seen while the cell ran (warm-up included). "
+    "`bits_per_weight` is weight bits over parameters.",
+    [
+        ("peak_rss_bytes", BYTES, "Peak resident memory of the server's process tree (or its container).",
+         MEASURE),
+        ("memory_source", "", "Where `peak_rss_bytes` was read (`process tree RSS`, the container's cgroup).",
+         MEASURE),
+        ("peak_gpu_bytes", BYTES, "Peak GPU memory used on the server's own GPUs (empty on CPU).",
+         "bakeoff.hardware.telemetry"),
+        ("weight_bytes", BYTES, "Weight bytes the engine reads per decode step (vLLM in float32 reads 4 a "
+         "weight; `Engine.served_weight_bytes`).", SERVE),
+        ("bits_per_weight", "bits", "Bits a weight of the served artifact (its manifest).", SERVE),
+        ("n_params", COUNT, "Parameters of the model (its manifest).", SERVE),
+        ("slot_ctx", TOKENS, "Context of one llama-server slot as the server set it (llama.cpp only).",
+         "bakeoff.engines.llamacpp"),
+    ],
+)
+
+SERVER = _mixed(
+    "server",
+    "The server's own view. `server_<stat>_<metric>_ms` reads like vLLM's latency names, measured by the "
+    "server; `peak` (`peak_waiting_requests`, `kv_cache_peak_pct`: that name stays as the committed records "
+    "under runs/ have it) is a maximum over the measured window's scrapes of `/metrics`; `_pct` is a "
+    "percentage (0-100). Empty where the engine does not report it.",
+    [
+        ("startup_s", S, "Launch to ready of the server the cell ran on.", CELLS),
+        ("server_start", COUNT, "Which start of the variant's server ran the cell (1 = the first).", MEASURE),
+        ("server_median_tpot_ms", MS, "Median over requests of the server's own time per generated token "
+         "(llama-server's `timings.predicted_per_token_ms`).", METRICS),
+        ("server_median_prompt_ms", MS, "Median over requests of the server's own prompt-processing time.",
+         METRICS),
+        ("kv_cache_peak_pct", PCT, "Peak KV-cache occupancy (vLLM's `kv_cache_usage_perc`; llama-server's "
+         "busy slots' tokens over their context).", "bakeoff.loadgen.scrape"),
+        ("peak_waiting_requests", COUNT, "Peak requests waiting in the server's queue.", "bakeoff.loadgen.scrape"),
+        ("peak_running_requests", COUNT, "Peak requests the server ran at once.", "bakeoff.loadgen.scrape"),
+        ("metrics_scrapes", COUNT, "Successful scrapes of the server's metrics during the window.",
+         "bakeoff.loadgen.scrape"),
+        ("metrics_scrape_errors", COUNT, "Failed scrapes (never fatal).", "bakeoff.loadgen.scrape"),
+        ("metrics_source", "", "Which endpoints were scraped, and why not where unavailable.",
+         "bakeoff.loadgen.scrape"),
+    ],
+)
+
+CLIENT = _mixed(
+    "client",
+    "The load generator's verdict on itself: was the client the bottleneck? `client_` columns describe the "
+    "client, not the server; `_share` is a fraction of one core (0-1).",
+    [
+        ("client_cpu_s_per_1k_tokens", S, "Client CPU seconds per 1000 streamed output tokens.",
+         "bakeoff.loadgen.runner"),
+        ("client_loop_lag_p99_ms", MS, "99th percentile of the client's event-loop lag.", "bakeoff.loadgen.runner"),
+        ("client_cpu_share", FRACTION, "Client CPU time over the measured window's wall time (1 = one core).",
+         "bakeoff.loadgen.runner"),
+        ("client_saturated", "bool", "Lag or CPU share over its threshold: the latencies are partly the "
+         "client's.", "bakeoff.loadgen.health"),
+        ("client_saturated_reason", "", "Which threshold was passed, by how much.", "bakeoff.loadgen.health"),
+        ("stopped_early", "bool", "The client stopped sending: a capacity probe had certainly failed.",
+         "bakeoff.loadgen.runner"),
+    ],
+)
+
+TELEMETRY = _family(
+    "GPU telemetry",
+    "The server's own GPUs (its `CUDA_VISIBLE_DEVICES`, by UUID) over the measured window, warm-up "
+    "excluded; empty on CPU. Units are in the names: `_pct` (0-100), `_w`, `_j`, `_s`, `_mhz`, `_c` "
+    "(degrees Celsius); `_start_` is read as the cell starts, `_mean_`/`_min_` over the window (`avg_` in "
+    "`avg_power_w` is such a mean: the name stays as the committed records under runs/ have it).",
+    "bakeoff.hardware.telemetry",
+    [
+        ("gpu_util_pct", PCT, "Mean GPU utilization (NVML), averaged over the GPUs."),
+        ("avg_power_w", "W", "`energy_j` over `telemetry_window_s`."),
+        ("energy_j", "J", "Energy of the window: NVML's total-energy counter, or the integral of sampled power "
+         "(`energy_source`)."),
+        ("energy_source", "", "`nvml_total_energy_counter` or `sampled_power_integral`."),
+        ("joules_per_output_token", "J/token", "`energy_j` over the cell's output tokens."),
+        ("gpu_uuids", "JSON", "UUIDs of the GPUs the server used."),
+        ("telemetry_window_s", S, "Length of the sampled window."),
+        ("gpu_driver", "", "NVIDIA driver version."),
+        ("gpu_power_limit_w", "W", "Enforced power limit (the lowest of the GPUs)."),
+        ("gpu_sm_clock_start_mhz", "MHz", "SM clock at the start (the lowest of the GPUs)."),
+        ("gpu_mem_clock_start_mhz", "MHz", "Memory clock at the start (the lowest of the GPUs)."),
+        ("gpu_temp_start_c", "°C", "GPU temperature at the start (the highest of the GPUs)."),
+        ("gpu_sm_clock_mean_mhz", "MHz", "Mean SM clock over the window."),
+        ("gpu_sm_clock_min_mhz", "MHz", "Lowest SM clock over the window."),
+    ],
+)
+
+PROBES = _family(
+    "capacity probes",
+    "Rows of a capacity search (`load.mode: capacity`); empty on the fixed cells. A probe is measured like "
+    "any cell, so every other column applies to it too.",
+    "bakeoff.stages.serve_capacity",
+    [
+        ("probe_of", "", "What the probe searched: `concurrency` (closed loop) or `rate` (open loop)."),
+        ("slo", "", "The SLO preset the probe was judged against (`bakeoff.config.slo`)."),
+        ("probe_passed", "bool", "Every request succeeded and the p99 TTFT and TPOT met the SLO."),
+        ("probe_exceeded", "", "The bounds the probe exceeded (`ttft+tpot`, `failed`, `early stop`)."),
+    ],
+)
+
+QUALITY = _mixed(
+    "quality",
+    "Per variant (every row of a variant repeats them). `_vs_fp16` compares with the 16-bit variant of the "
+    "same engine (`quality_ref`), so the format's effect is apart from the engine's. A `_rel_delta` is a "
+    "fraction (variant / reference - 1); an `_abs_delta` a difference in the metric's own unit. `_n` counts "
+    "the scored documents or questions.",
+    [
+        ("quality_status", "", "`ok`, `skipped`, `unsupported`, `failed`, or `missing` (no quality.json).",
+         "bakeoff.quality.compare"),
+        ("quality_reason", "", "Why the status is not `ok`.", "bakeoff.quality.compare"),
+        ("ppl", "", "Word perplexity of the perplexity task (lm-eval's `word_perplexity`).",
+         "bakeoff.quality.compare"),
+        ("bits_per_byte", "bits/byte", "Bits per UTF-8 byte of the perplexity task.", "bakeoff.quality.compare"),
+        ("ppl_task", "", "The task `ppl` comes from.", "bakeoff.quality.compare"),
+        ("ppl_n", COUNT, "Documents scored for `ppl`.", "bakeoff.quality.compare"),
+        ("accuracy", FRACTION, "Accuracy of the multiple-choice task (length-normalized where the task has it).",
+         "bakeoff.quality.compare"),
+        ("accuracy_task", "", "`<task>/<metric>` of `accuracy` (`acc` or `acc_norm`).", "bakeoff.quality.compare"),
+        ("accuracy_n", COUNT, "Questions scored for `accuracy`.", "bakeoff.quality.compare"),
+        ("ppl_rel_delta_vs_fp16", FRACTION, "`ppl` over the reference's `ppl`, minus 1 (0.05: 5 % worse).",
+         "bakeoff.quality.compare"),
+        ("ppl_abs_delta_vs_fp16", "", "`ppl` minus the same experiment and model's fp16 (else f16) `ppl`: "
+         "the form published tables use.", "bakeoff.results.published"),
+        ("kl_vs_fp16", "nats/token", "Mean over the reference positions of KL(reference || variant), top-k "
+         "logprobs coarsened onto shared tokens (a lower bound).", "bakeoff.quality.compare"),
+        ("quality_ref", "", "The reference variant (`<engine>-<format>`).", "bakeoff.quality.compare"),
+        ("quality_route", "", "Where quality was scored: `load server` (the variant's own), or `<plugin> (same artifact)` "
+         "(the engine's `eval_server`).",
+         "bakeoff.quality.compare"),
+    ],
+)
+
+KERNEL = _family(
+    "kernel",
+    "llama-bench on the same GGUF and build, with nothing around it (llama.cpp rows only). `_tok_s` is "
+    "tokens/s; `served_over_kernel` is a ratio (served / kernel).",
+    "bakeoff.stages.kernel_bench",
+    [
+        ("kernel_tg_tok_s", TOK_S, "llama-bench tg128: decode tokens/s of one sequence."),
+        ("kernel_pp_tok_s", TOK_S, "llama-bench pp512: prompt tokens/s."),
+        ("kernel_flash_attn", "", "Flash attention as llama-bench ran it (`on`, `off`, `auto`), as the server's."),
+        ("served_over_kernel", RATIO, "The variant's concurrency-1 `output_throughput` at this prompt length "
+         "over `kernel_tg_tok_s`."),
+    ],
+)
+
+ROOFLINE = _mixed(
+    "roofline",
+    "How close decode comes to the memory-bandwidth bound (`bakeoff.results.roofline` defines it). "
+    "`_tok_s` is tokens/s, `_gbs` GB/s (10^9 bytes/s), `_pct` a percentage (0-100).",
+    [
+        ("decode_tok_s", TOK_S, "1000 / `median_tpot_ms`: one sequence's decode rate.", "bakeoff.results.roofline"),
+        ("mem_bandwidth_gbs", "GB/s", "Bandwidth feeding one decode step (per GPU times the GPUs reading "
+         "disjoint shards).", "bakeoff.results.roofline"),
+        ("decode_ceiling_tok_s", TOK_S, "Per-sequence ceiling: bandwidth / `weight_bytes`.",
+         "bakeoff.results.roofline"),
+        ("decode_ceiling_aggregate_tok_s", TOK_S, "Aggregate ceiling at this concurrency: min(c x bandwidth / "
+         "weight bytes, peak FLOP/s / 2 n_params).", "bakeoff.results.roofline"),
+        ("decode_efficiency_pct", PCT, "`decode_tok_s` over `decode_ceiling_tok_s`.", "bakeoff.results.roofline"),
+        ("bandwidth_source", "", "`measured` (the doctor's probe on this node) or `config` (the hardware "
+         "config's figure).", DERIVED),
+    ],
+)
+
+
+def _spread_rows() -> list[tuple[str, str, str]]:
+    metrics = {"output_throughput": TOK_S, "median_ttft_ms": MS, "median_tpot_ms": MS, "median_e2el_ms": MS}
+    stats = {"mean": ("", "Mean over the group's ok repeats of"),
+             "std": ("", "Sample standard deviation over the repeats of"),
+             "cv_pct": (PCT, "Coefficient of variation (std / mean) of"),
+             "ci95": ("", "Half-width of the 95 % Student-t interval of the mean of")}
+    return [(f"{m}_{s}", unit or metrics[m], f"{what} `{m}`.") for m in metrics for s, (unit, what) in stats.items()]
+
+
+SPREAD = Family(
+    "spread across repeats",
+    "Per group of rows that differ only by repeat (the same on each of its rows); empty with one repeat. "
+    "`<metric>_ci95` is a half-width in the metric's unit: the interval is mean +- ci95 (unlike the bounds "
+    "`_ci_lo`/`_ci_hi`). `_cv_pct` is a percentage (0-100).",
+    (Column("repeats_ok", COUNT, "Repeats of the group with status `ok`.", "bakeoff.results.spread"),
+     Column("repeat_server_starts", COUNT, "Distinct server starts among them.", "bakeoff.results.spread"),
+     *(Column(n, u, d, "bakeoff.results.spread") for n, u, d in _spread_rows())),
+)
+
+
+def _vs_ref_rows() -> list[tuple[str, str, str]]:
+    metrics = ("output_throughput", "median_ttft_ms", "median_tpot_ms", "median_e2el_ms")
+    return [row for m in metrics for row in (
+        (f"{m}_vs_ref_pct", PCT, f"(this variant's mean `{m}` - the reference's) / the reference's, in percent."),
+        (f"{m}_vs_ref_ci95_pct", PCT, f"Half-width of the 95 % interval of `{m}_vs_ref_pct`, in percentage "
+         "points (blocks pairing only)."),
+        (f"{m}_vs_ref_p", "p-value", f"p of the test on `{m}` (Welch's t, or paired t by block)."),
+        (f"{m}_vs_ref_significant", "bool", "p < 0.05; empty with fewer than two ok repeats a side."),
+    )]
+
+
+VS_REF = Family(
+    "difference from the reference",
+    "Each variant against its engine's 16-bit variant in the same cell and on the same node (`ref_variant`). "
+    "`_vs_ref_pct` is a relative difference in percent; `_vs_ref_ci95_pct` its half-width in percentage "
+    "points; `_vs_ref_p` a p-value; `_vs_ref_significant` is p < 0.05.",
+    (Column("ref_variant", "", "The reference variant (`<engine>-<format>`).", "bakeoff.results.spread"),
+     Column("vs_ref_pairing", "", "`blocks` (paired by block) or `welch` (independent repeats).",
+            "bakeoff.results.spread"),
+     *(Column(n, u, d, "bakeoff.results.spread") for n, u, d in _vs_ref_rows())),
+)
+
+# Summary columns that data/published_numbers.yaml publishes numbers for: each gets `published_<m>` and
+# `<m>_vs_published` wherever the summary has <m>.
+PUBLISHED_METRICS = ("output_throughput", "decode_tok_s", "weight_bytes", "ppl_abs_delta_vs_fp16", "bits_per_weight",
+                     "ppl", "kl_vs_fp16", "decode_ceiling_tok_s")
+
+
+def _published(units: dict[str, str]) -> Family:
+    rows: list[Column] = []
+    for m in PUBLISHED_METRICS:
+        rows += [Column(f"published_{m}", units[m], f"The published value of `{m}` for this row's cell "
+                        "(a range: its midpoint).", "bakeoff.results.published"),
+                 Column(f"{m}_vs_published", RATIO, f"Measured `{m}` over `published_{m}` (1 = as published).",
+                        "bakeoff.results.published")]
+    rows += [Column("published_refs", "", "Ids of the published rows compared (data/published_numbers.yaml).",
+                    "bakeoff.results.published"),
+             Column("published_compared_as", "", "How they were compared: a stand-in format, or pooled cells "
+                    "compared once by their mean.", "bakeoff.results.published")]
+    return Family(
+        "published",
+        "Published numbers beside the measured ones (`data/published_numbers.yaml`). `published_<metric>` is "
+        "in `<metric>`'s unit; `<metric>_vs_published` is measured / published, a ratio (1 = as published).",
+        tuple(rows))
+
+
+def _summary() -> Table:
+    fams = [IDENTITY, OUTCOME, VLLM, STEADY, INTERVALS, MEMORY, SERVER, CLIENT, TELEMETRY, PROBES, QUALITY,
+            KERNEL, ROOFLINE]
+    units = {c.name: c.unit for f in fams for c in f.columns}
+    return Table("summary", SUMMARY_PATH,
+                 "One row per load cell of the experiment (engine x format x concurrency x prompt length x "
+                 "repeat, and every capacity probe), unsupported and failed cells included.",
+                 (*fams, _published(units), SPREAD, VS_REF))
+
+
+CAPACITY_SEARCH = _family(
+    "capacity search",
+    "One row per variant, prompt length and SLO of a capacity search (`load.mode: capacity`; the table is a "
+    "header alone otherwise). `capacity_<kind>` is the highest load that met the SLO; `<kind>_converged`, "
+    "`<kind>_at_limit`, `<kind>_probes` and `binding_<kind>` describe that search, for `concurrency` (closed "
+    "loop) and `rate` (open loop, req/s). `<metric>_at_capacity` is the metric of the probe at the closed-loop "
+    "capacity, in `<metric>`'s unit (see the summary's table).",
+    "bakeoff.stages.serve_capacity",
+    [
+        ("experiment", "", "Experiment (sweep point) name."),
+        ("model", "", "Model name."),
+        ("engine", "", "Engine config name."),
+        ("format", "", "Weight format."),
+        ("hardware", "", "Hardware config name."),
+        ("node_id", "", "The machine of the probe at capacity (as in the summary)."),
+        ("prompt_len", TOKENS, "Prompt length of the probes."),
+        ("output_len", TOKENS, "Requested output length of the probes."),
+        ("slo", "", "SLO preset (`bakeoff.config.slo`)."),
+        ("slo_ttft_ms", MS, "The preset's bound on p99 TTFT."),
+        ("slo_tpot_ms", MS, "The preset's bound on p99 TPOT."),
+        ("capacity_concurrency", COUNT, "Highest concurrency whose probe met the SLO (0: even the lowest "
+         "failed)."),
+        ("concurrency_converged", "bool", "The concurrency search bracketed its capacity to adjacent values."),
+        ("concurrency_at_limit", "bool", "The highest concurrency allowed passed: capacity is at least this."),
+        ("concurrency_probes", COUNT, "Probes the concurrency search ran."),
+        ("binding_concurrency", "", "The bound the lowest failing concurrency probe exceeded (`ttft`, `tpot`, "
+         "`failed`)."),
+        ("capacity_rate", REQ_S, "Highest Poisson arrival rate whose probe met the SLO."),
+        ("rate_converged", "bool", "The rate search bracketed its capacity within `rate_resolution`."),
+        ("rate_at_limit", "bool", "The rate search stopped at its limit."),
+        ("rate_probes", COUNT, "Probes the rate search ran."),
+        ("binding_rate", "", "The bound the lowest failing rate probe exceeded."),
+        ("output_throughput_at_capacity", TOK_S, "`output_throughput` of the probe at `capacity_concurrency`."),
+        ("request_goodput_at_capacity", REQ_S, "`request_goodput` of that probe."),
+        ("joules_per_output_token_at_capacity", "J/token", "`joules_per_output_token` of that probe (GPU)."),
+        ("p99_ttft_ms_at_capacity", MS, "`p99_ttft_ms` of that probe."),
+        ("p99_tpot_ms_at_capacity", MS, "`p99_tpot_ms` of that probe."),
+        ("output_throughput_at_capacity_rate", TOK_S, "`output_throughput` of the probe at `capacity_rate`."),
+    ],
+)
+
+CAPACITY_IDENTITY = Family(
+    "version", "As in the summary.",
+    (Column("schema_version", "", "Version of this dictionary the row follows.", SUMMARY_STAGE),))
+
+SUMMARY = _summary()
+CAPACITY = Table("capacity", CAPACITY_TABLE,
+                 "The capacity searches' results: the highest load each variant served within each SLO.",
+                 (CAPACITY_IDENTITY, CAPACITY_SEARCH))
+TABLES = (SUMMARY, CAPACITY)
