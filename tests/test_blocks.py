@@ -58,7 +58,7 @@ def test_rows_carry_block_order_and_node(tmp_path: Path) -> None:
             "steady_output_throughput": 790.0, "gpu_sm_clock_start_mhz": 1980}
     idx = tmp_path / "cells.json"
     idx.write_text(json.dumps({"variant": {"experiment": "e", "engine": "llamacpp", "format": "f16"}, "cells": [cell]}))
-    (row,) = rows([idx], "h")
+    (row,) = rows([idx], {})
     assert {k: row[k] for k in ("block", "order", "node_id", "warmup_requests")} == \
         {"block": 2, "order": 1, "node_id": "gpu:GPU-a", "warmup_requests": 8}
     assert {"steady_output_throughput", "tail_share", "gpu_sm_clock_start_mhz"} <= set(COLUMNS)

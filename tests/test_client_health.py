@@ -114,7 +114,7 @@ def test_repeats_run_on_fresh_servers_and_get_spread_columns(llama: dict, tmp_pa
     assert all(isinstance(c["client_saturated"], bool) and "client_cpu_share" in c for c in cells)
     log = (tmp_path / "raw" / "server.log").read_text()
     assert log.count("$ ") == 3  # three server command lines in the one log
-    rows = summary.rows([tmp_path / "raw" / CELLS_INDEX], "h")
+    rows = summary.rows([tmp_path / "raw" / CELLS_INDEX], {})
     spread.extend(rows)
     assert all(r["repeats_ok"] == 3 and r["repeat_server_starts"] == 3 for r in rows)
     mean, std, ci = (float(rows[0][f"output_throughput_{s}"]) for s in ("mean", "std", "ci95"))

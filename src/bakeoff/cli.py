@@ -41,7 +41,11 @@ def _cmd_verify(a: argparse.Namespace) -> None:
 def _cmd_summary(a: argparse.Namespace) -> None:
     from bakeoff.stages.summary import COLUMNS, rows, write_csv
 
-    records = rows([Path(p) for p in a.indexes], a.config_hash)
+    # Each experiment's current config hash: per sweep point where the points file is given, else the one hash.
+    points = json.loads(Path(a.points).read_text()) if a.points else {}
+    expected = ({name: p["config_hash"] for name, p in points.items()} if points else
+                {json.loads(Path(p).read_text())["variant"]["experiment"]: a.config_hash for p in a.indexes})
+    records = rows([Path(p) for p in a.indexes], expected)
     columns = list(COLUMNS)
     if a.kernel:  # llama-bench beside the served rows (bakeoff.stages.kernel_bench)
         from bakeoff.stages.kernel_bench import join

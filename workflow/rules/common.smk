@@ -34,7 +34,7 @@ def variant_repeats(cfg, engine, fmt):
 
 
 # Each sweep point's server starts, in order: every variant once per block, shuffled by load.block_seed
-# (bakeoff.loadgen.blocks). Each serving job waits for the one before it, so the order is the schedule's.
+# (bakeoff.loadgen.blocks). Each serving job that will run waits for the one before it (serve_inputs).
 SCHEDULES = {
     name: schedule(p.cfg.variants(), [variant_repeats(p.cfg, e, f) for e, f in p.cfg.variants()], p.cfg.load.block_seed)
     for name, p in POINTS.items()
@@ -205,6 +205,15 @@ def wildcard_slot(wildcards):
     return slot_of(SCHEDULES[exp], e, f, block)
 
 
+def made_under_current_config(wildcards):
+    """This serving job's output exists and records the experiment's current config hash."""
+    out = Path(slot_output(wildcards.experiment, wildcard_slot(wildcards)))
+    try:
+        return json.loads(out.read_text()).get("config_hash") == POINTS[wildcards.experiment].hash
+    except (OSError, ValueError):
+        return False
+
+
 def serve_inputs(wildcards):
     """A variant's server needs its format, the fp16 tokenizer, (llama.cpp) the toolchain, and its turn."""
     inputs = {
@@ -214,9 +223,17 @@ def serve_inputs(wildcards):
         "tokenizer": (MODEL_SOURCE.format(model=wildcards.model) if CFG.model.source == "synthetic"
                       else MODEL.format(model=wildcards.model, format="fp16")),
     }
+    # The job's config slice: a file named by its hash, so a config change is a new, newer input and the job
+    # re-runs even where Snakemake kept no params record of its outputs.
+    inputs["spec"] = serve_spec(wildcards).removeprefix("@")
+    current = made_under_current_config(wildcards)
+    if not current and Path(slot_output(wildcards.experiment, wildcard_slot(wildcards))).exists():
+        os.utime(inputs["spec"])  # outputs of another config (e.g. one switched back to): newer than them now
     prev = previous(SCHEDULES[wildcards.experiment], wildcard_slot(wildcards))
-    if prev is not None:  # order only: ancient() so a re-made predecessor does not re-run this job
-        inputs["after"] = ancient(slot_output(wildcards.experiment, prev))
+    if prev is not None and not current:
+        # Order only, and only for a job that will run: a finished variant has no edge to its predecessor, so
+        # re-making the predecessor never re-runs it.
+        inputs["after"] = slot_output(wildcards.experiment, prev)
     if gpu_check_format() is not None:  # a card with ECC history is benchmarked alone before any server
         inputs["gpu_check"] = ancient(GPU_CHECK)
     engine = CFG.engines[wildcards.engine]
@@ -257,6 +274,7 @@ def serve_spec(wildcards):
         "eval": cfg.eval.model_dump(mode="json"),
         "block": wildcard_slot(wildcards).block,
         "order": wildcard_slot(wildcards).order,
+        "config_hash": POINTS[wildcards.experiment].hash,
     }, sort_keys=True))
 
 

@@ -108,8 +108,9 @@ IDENTITY = _mixed(
         ("request_rate", REQ_S, "Open-loop (Poisson) arrival rate, vLLM's `--request-rate`; empty for a "
          "closed loop.", SERVE),
         ("cell", "", "The cell's file stem under `results/raw/...` (`c8-p128`, a probe's own name).", CELLS),
-        ("config_hash", "", "Hash (16 hex digits) of the settings that produced the row: rows with equal "
-         "hashes ran the same config.", SUMMARY_STAGE),
+        ("config_hash", "", "Hash (16 hex digits) of the experiment's resolved config when the row's variant "
+         "was served: rows with equal hashes ran the same config, and the summary refuses an experiment whose "
+         "rows carry two.", SERVE),
         ("sweep", "", "The swept values of this sweep point (`--config sweep=...`); empty without a sweep.",
          DERIVED),
         ("overrides", "", "Hydra overrides of this point against the experiment's defaults.", DERIVED),
@@ -302,6 +303,16 @@ PROBES = _family(
         ("slo", "", "The SLO preset the probe was judged against (`bakeoff.config.slo`)."),
         ("probe_passed", "bool", "Every request succeeded and the p99 TTFT and TPOT met the SLO."),
         ("probe_exceeded", "", "The bounds the probe exceeded (`ttft+tpot`, `failed`, `early stop`)."),
+        ("probe_recheck", "bool", "The search's end re-ran this load to check its boundary (file stem ends in "
+         "`-again`)."),
+        ("peak_in_flight", COUNT, "Most measured requests in flight at once. For a rate probe this is also its "
+         "`concurrency`: an open loop has no concurrency setting. Written on every cell."),
+        ("over_ttft_share", FRACTION, "Share (0-1) of the cell's completed requests whose TTFT exceeded the "
+         "SLO's bound (`load.slo_ms` on fixed cells)."),
+        ("over_ttft_share_ub95", FRACTION, "One-sided 95 % upper bound (Clopper-Pearson) on the true share "
+         "over the TTFT bound: how sure a pass is."),
+        ("over_tpot_share", FRACTION, "As `over_ttft_share`, for TPOT."),
+        ("over_tpot_share_ub95", FRACTION, "As `over_ttft_share_ub95`, for TPOT."),
     ],
 )
 
@@ -473,6 +484,12 @@ CAPACITY_SEARCH = _family(
         ("concurrency_probes", COUNT, "Probes the concurrency search ran."),
         ("binding_concurrency", "", "The bound the lowest failing concurrency probe exceeded (`ttft`, `tpot`, "
          "`failed`)."),
+        ("concurrency_seeded", "JSON", "The bracket taken from the variant's fixed cells: `{\"pass\": c, "
+         "\"fail\": c}` (empty when none applied)."),
+        ("concurrency_uncertain", "bool", "A boundary re-check (the highest pass and the lowest fail, each run "
+         "again) disagreed with the first result: the capacity is uncertain."),
+        ("concurrency_recheck", "", "Each re-checked concurrency with its two results: `12: pass, pass; 13: fail, "
+         "fail`."),
         ("capacity_rate", REQ_S, "Highest Poisson arrival rate whose probe met the SLO."),
         ("rate_converged", "bool", "The rate search bracketed its capacity within `rate_resolution`."),
         ("rate_at_limit", "bool", "The rate search stopped at its limit."),
@@ -484,6 +501,10 @@ CAPACITY_SEARCH = _family(
         ("p99_ttft_ms_at_capacity", MS, "`p99_ttft_ms` of that probe."),
         ("p99_tpot_ms_at_capacity", MS, "`p99_tpot_ms` of that probe."),
         ("output_throughput_at_capacity_rate", TOK_S, "`output_throughput` of the probe at `capacity_rate`."),
+        ("over_ttft_share_at_capacity", FRACTION, "`over_ttft_share` of the probe at capacity."),
+        ("over_ttft_share_ub95_at_capacity", FRACTION, "`over_ttft_share_ub95` of the probe at capacity."),
+        ("over_tpot_share_at_capacity", FRACTION, "`over_tpot_share` of the probe at capacity."),
+        ("over_tpot_share_ub95_at_capacity", FRACTION, "`over_tpot_share_ub95` of the probe at capacity."),
     ],
 )
 

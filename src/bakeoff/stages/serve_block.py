@@ -33,7 +33,7 @@ def run(job: ServeJob, out: Path) -> dict[str, Any]:
                 run_cells(job, p)
         finally:
             p.session.stop()
-    index = {"variant": p.base, "block": job.block,
+    index = {"variant": p.base, "block": job.block, "config_hash": job.config_hash,
              "cells": [json.loads((job.out_dir / f"{c.name}.json").read_text()) for c in p.mine]}
     atomic_write_text(out, json.dumps(index, indent=2, default=str) + "\n")
     return index

@@ -39,6 +39,9 @@ class ServeJob:
     # position in that block. None: every repeat in one job (a job built by hand, or by a test).
     block: int | None = None
     order: int | None = None
+    # The experiment's resolved config hash (bakeoff.config.compose.config_hash) this job serves under; stamped
+    # on every row it indexes, so the summary can refuse rows of two configs.
+    config_hash: str = ""
 
     @classmethod
     def from_spec(cls, spec: dict[str, Any], *, fmt: str, model_dir: Path, tokenizer_dir: Path, out_dir: Path,
@@ -54,4 +57,4 @@ class ServeJob:
                    eval_cfg=EvalCfg.model_validate(spec.get("eval", {})), eval_toolchain_dir=eval_toolchain_dir,
                    synthetic=spec.get("model_source") == "synthetic",
                    doctor=DoctorCfg.model_validate(spec.get("doctor", {})),
-                   block=spec.get("block"), order=spec.get("order"))
+                   block=spec.get("block"), order=spec.get("order"), config_hash=spec.get("config_hash", ""))

@@ -177,8 +177,12 @@ def _run(job: ServeJob, out: Path | None = None) -> dict[str, Any]:
             quality.record_status("unsupported", json.loads((out_dir / f"{unsupported[0].name}.json").read_text())["reason"])
         else:
             quality.run_on_eval_server(spec, tokenizer, job.tokenizer_dir, job.model)
-    index = {"variant": base, "cells": [json.loads((out_dir / f"{c.name}.json").read_text()) for c in cells]
-             + (capacity or {}).get("probes", []), "capacity": (capacity or {}).get("capacity", [])}
+    # A reused cell was made with settings equal for it (cell_spec_hash): it stands for the current config.
+    index = {"variant": base, "config_hash": job.config_hash,
+             "cells": [{**json.loads((out_dir / f"{c.name}.json").read_text()), "config_hash": job.config_hash}
+                       for c in cells] + [{**r, "config_hash": job.config_hash}
+                                          for r in (capacity or {}).get("probes", [])],
+             "capacity": [{**r, "config_hash": job.config_hash} for r in (capacity or {}).get("capacity", [])]}
     write_json(out or out_dir / CELLS_INDEX, index)
     return index
 

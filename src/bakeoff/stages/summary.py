@@ -13,9 +13,11 @@ from __future__ import annotations
 import csv
 import io
 import json
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from bakeoff.errors import BakeoffError
 from bakeoff.hardware.telemetry import COLUMNS as TELEMETRY_COLUMNS
 from bakeoff.hardware.telemetry import FINGERPRINT_COLUMNS
 from bakeoff.loadgen.health import COLUMNS as CLIENT_HEALTH_COLUMNS
@@ -37,7 +39,8 @@ COLUMNS = [
     *[c for c in TELEMETRY_COLUMNS if c != "peak_gpu_bytes"], *FINGERPRINT_COLUMNS, *SCRAPE_COLUMNS,
     "engine_settings", "config_hash", "load_note",
     # capacity probes (load.mode: capacity): which search, which SLO, its verdict; empty on the fixed cells
-    "cell", "probe_of", "slo", "probe_passed", "probe_exceeded", "stopped_early",
+    "cell", "probe_of", "slo", "probe_passed", "probe_exceeded", "probe_recheck", "stopped_early", "peak_in_flight",
+    "over_ttft_share", "over_ttft_share_ub95", "over_tpot_share", "over_tpot_share_ub95",
     *QUALITY_COLUMNS,
 ]
 # results/capacity.csv: one row per variant, prompt length and SLO (bakeoff.stages.serve_capacity).
@@ -45,9 +48,12 @@ CAPACITY_COLUMNS = [
     "schema_version", "experiment", "model", "engine", "format", "hardware", "node_id", "prompt_len", "output_len",
     "slo", "slo_ttft_ms", "slo_tpot_ms",
     "capacity_concurrency", "concurrency_converged", "concurrency_at_limit", "concurrency_probes", "binding_concurrency",
+    "concurrency_seeded", "concurrency_uncertain", "concurrency_recheck",
     "capacity_rate", "rate_converged", "rate_at_limit", "rate_probes", "binding_rate",
     "output_throughput_at_capacity", "request_goodput_at_capacity", "joules_per_output_token_at_capacity",
     "p99_ttft_ms_at_capacity", "p99_tpot_ms_at_capacity", "output_throughput_at_capacity_rate",
+    "over_ttft_share_at_capacity", "over_ttft_share_ub95_at_capacity", "over_tpot_share_at_capacity",
+    "over_tpot_share_ub95_at_capacity",
 ]
 
 
@@ -59,17 +65,38 @@ def _fmt(v: Any) -> Any:
     return "" if v is None else v
 
 
-def rows(index_paths: list[Path], config_hash: str) -> list[dict[str, Any]]:
+def check_one_config(indexes: list[tuple[Path, dict[str, Any]]], expected: Mapping[str, str]) -> None:
+    """Refuse a summary whose experiment mixes rows of two configs, naming the variants made under another.
+
+    ``expected``: each experiment's current config hash. A variant's index carries the hash it was served
+    under; one that differs was not re-measured after a config change (or came from elsewhere).
+    """
+    stale: dict[str, list[str]] = {}
+    for d, idx in indexes:
+        v = idx.get("variant", {})
+        want = expected.get(str(v.get("experiment")))
+        if want is not None and idx.get("config_hash") != want:
+            stale.setdefault(str(v["experiment"]), []).append(
+                f"{v['engine']}-{v['format']} (made under {idx.get('config_hash') or 'no recorded config'}, {d})")
+    if stale:
+        raise BakeoffError("the summary would mix rows of two configurations; stale variants: " + "; ".join(
+            f"experiment {e} (config {expected[e]}): {', '.join(vs)}" for e, vs in sorted(stale.items()))
+            + ". Re-run their serving jobs (snakemake re-runs them when its config changes; "
+              "`--forcerun serve_load` forces it).")
+
+
+def rows(index_paths: list[Path], expected: Mapping[str, str]) -> list[dict[str, Any]]:
     """One row per cell and capacity probe; the variant's quality columns (quality.json beside cells.json) are
-    joined on."""
+    joined on. Every experiment's rows must come from its ``expected`` config hash (:func:`check_one_config`)."""
     indexes = [(Path(p).parent, json.loads(Path(p).read_text())) for p in index_paths]
+    check_one_config(indexes, expected)
     quality = quality_columns([(d, idx["variant"]) for d, idx in indexes])
     out = []
     for d, idx in indexes:
         for cell in idx["cells"]:
             row = {k: _fmt(cell.get(k)) for k in COLUMNS}
             row.update({k: _fmt(v) for k, v in quality[d].items()})
-            row["config_hash"] = config_hash
+            row["config_hash"] = _fmt(idx.get("config_hash"))
             row["schema_version"] = SCHEMA_VERSION
             out.append(row)
     return out

@@ -1,0 +1,63 @@
+"""After a config change every variant is re-measured, and the summary never holds rows of two configs.
+
+Snakemake re-runs a job on changed params only where it kept a record of them; a job without one (outputs
+copied in, a node's results unpacked) was skipped, and the summary then mixed old and new rows. Here the
+serving jobs' config slice is an input named by its hash, each variant's index records the config hash it
+was served under, and the summary refuses an experiment whose variants disagree.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from bakeoff.errors import BakeoffError
+from bakeoff.stages.summary import rows
+
+from conftest import EXPERIMENT, Pipeline, planned_jobs, results_root
+
+
+def _index(path: Path, fmt: str, config_hash: str | None) -> Path:
+    path.mkdir(parents=True)
+    cell = {"experiment": "e", "engine": "llamacpp", "format": fmt, "concurrency": 1, "prompt_len": 32, "status": "ok"}
+    (path / "cells.json").write_text(json.dumps({"variant": {"experiment": "e", "engine": "llamacpp", "format": fmt},
+                                                 **({"config_hash": config_hash} if config_hash else {}),
+                                                 "cells": [cell]}))
+    return path / "cells.json"
+
+
+def test_the_summary_refuses_variants_of_another_config_and_names_them(tmp_path: Path) -> None:
+    fresh, stale, unknown = (_index(tmp_path / f, f, h) for f, h in (("f16", "new"), ("q8_0", "old"), ("q4_k_m", None)))
+    assert [r["config_hash"] for r in rows([fresh], {"e": "new"})] == ["new"]
+    with pytest.raises(BakeoffError) as e:
+        rows([fresh, stale, unknown], {"e": "new"})
+    msg = str(e.value)
+    assert "experiment e (config new)" in msg and "llamacpp-q8_0 (made under old" in msg
+    assert "llamacpp-q4_k_m (made under no recorded config" in msg and "llamacpp-f16" not in msg
+
+
+@pytest.mark.slow
+def test_a_load_change_re_measures_every_variant_even_without_snakemakes_records(pipeline: Pipeline,
+                                                                                   tmp_path: Path) -> None:
+    """The finished ci run's results, copied without .snakemake/ (no params records), then c=[1] only."""
+    run = Pipeline(results_root(tmp_path / "run"))
+    shutil.copytree(pipeline.results, run.results, symlinks=True)
+    change = ("--config", f"experiment={EXPERIMENT}", "overrides=load.concurrency=[1]")
+    plan = run.snakemake("-n", "--cores", "all", *change, "--", "results/summary.csv").stdout
+    served = sorted(f["output"] for rule, f in planned_jobs(plan) if rule == "serve_load")
+    variants = sorted({f"{r['engine']}-{r['format']}" for r in pipeline.rows()})
+    assert len(served) == len(variants) == 4, plan[-3000:]
+    run.snakemake("--cores", "all", *change, "--", "results/summary.csv")
+    with open(run.summary_path, newline="") as f:
+        after = list(csv.DictReader(f))
+    fixed = [r for r in after if not r.get("probe_of")]
+    assert sorted({f"{r['engine']}-{r['format']}" for r in fixed}) == variants
+    assert {r["concurrency"] for r in fixed} == {"1"}  # no variant kept its c=4 rows from the old config
+    assert len({r["config_hash"] for r in after}) == 1 and after[0]["config_hash"] != pipeline.rows()[0]["config_hash"]
+    # unchanged config: nothing left to run
+    again = run.snakemake("-n", "--cores", "all", *change, "--", "results/summary.csv").stdout
+    assert not [rule for rule, _ in planned_jobs(again) if rule == "serve_load"], again[-2000:]
