@@ -120,3 +120,30 @@ def test_repeats_run_on_fresh_servers_and_get_spread_columns(llama: dict, tmp_pa
     mean, std, ci = (float(rows[0][f"output_throughput_{s}"]) for s in ("mean", "std", "ci95"))
     measured = [float(r["output_throughput"]) for r in rows]
     assert mean == pytest.approx(sum(measured) / 3, rel=1e-5) and std > 0 and ci > std  # t(0.975, 2) / sqrt(3) > 1
+
+
+@pytest.mark.slow
+def test_a_c1_cell_on_four_slots_measures_no_request_on_a_never_used_slot(llama: dict, tmp_path: Path) -> None:
+    """llama-server hands each request the least-recently-used idle slot, so c=1 requests walk through all 4
+    slots: the warm-up must reach every one, not just the one a c=1 warm-up of 1 request would touch."""
+    import re
+
+    cfg = llama["cfg"]
+    engine_cfg = cfg.engines["llamacpp"].model_copy(
+        update={"settings": {**cfg.engines["llamacpp"].settings, "parallel": 4, "ctx_size": 4096}})
+    model_dir = tmp_path / "q4_k_m"
+    shutil.copytree(llama["models"] / "q4_k_m", model_dir)
+    n = 6
+    load = LoadCfg(concurrency=[1], prompt_len=[32], output_len=8, num_requests=n, warmup_requests=1)
+    index = serve_load.run(ServeJob(engine_cfg=engine_cfg, hardware=cfg.hardware, load=load, experiment="t",
+                                    model=MODEL, fmt="q4_k_m", engine_name="llamacpp", model_dir=model_dir,
+                                    tokenizer_dir=llama["models"] / "fp16", out_dir=tmp_path / "raw",
+                                    toolchain_dir=llama["toolchain"], show_progress=False))
+    (cell,) = index["cells"]
+    assert cell["status"] == "ok" and cell["warmup_requests"] == 4
+    log = (tmp_path / "raw" / "server.log").read_text()
+    launched = [int(m) for m in re.findall(r"launch_slot_: id +(\d+) \| task", log)]
+    assert len(launched) == 4 + n, launched
+    warm, measured = launched[:4], launched[4:]
+    assert sorted(warm) == [0, 1, 2, 3]  # one warm-up on each slot
+    assert set(measured) <= set(warm)

@@ -159,6 +159,12 @@ class Engine(abc.ABC):
         return []
 
     @classmethod
+    def slots(cls, settings: Mapping[str, Any]) -> int | None:
+        """Fixed request slots with state of their own, which a warm-up must each reach; None where requests
+        share one pool (a warm-up at the cell's own concurrency then touches what the cell uses)."""
+        return None
+
+    @classmethod
     def weight_shards(cls, hardware: Mapping[str, Any], settings: Mapping[str, Any]) -> int:
         """GPUs that read disjoint weight shards at once during one decode step (the roofline's bandwidth factor)."""
         return 1

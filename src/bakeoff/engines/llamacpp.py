@@ -36,6 +36,12 @@ class LlamaCppEngine(Engine):
         return min(ctx - 1, cap)
 
     @classmethod
+    def slots(cls, settings: Mapping[str, Any]) -> int | None:
+        """``parallel`` slots, each with its own KV and timings; llama-server hands a request the least-recently
+        used idle one, so c=1 requests walk through every slot and each must have served a warm-up."""
+        return int(settings["parallel"]) if settings.get("parallel") else None
+
+    @classmethod
     def hardware_flags(cls, hardware: HardwareCfg, settings: Mapping[str, Any]) -> list[str]:
         """Offload every layer, split across GPUs as configured; flags the settings set are left to them."""
         if hardware.backend != "cuda":

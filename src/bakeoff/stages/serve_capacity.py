@@ -16,6 +16,7 @@ from typing import Any
 
 from bakeoff.config.schema import LoadCfg
 from bakeoff.config.slo import SLO_PRESETS, Slo
+from bakeoff.engines import get_engine
 from bakeoff.engines.session import Session
 from bakeoff.layout import CAPACITY_FILE, probe_name
 from bakeoff.loadgen.capacity import (
@@ -77,6 +78,7 @@ def run(job: ServeJob, session: Session, base: dict[str, Any], load: LoadCfg, to
     ``fixed``: the variant's fixed cell records, whose verdicts seed each concurrency search's bracket.
     """
     cap = load.capacity
+    slots = get_engine(job.engine_cfg.plugin).slots(job.engine_cfg.settings) or 0  # each warmed before a probe
     rows: list[dict[str, Any]] = []
     probes: list[dict[str, Any]] = []
 
@@ -117,7 +119,8 @@ def run(job: ServeJob, session: Session, base: dict[str, Any], load: LoadCfg, to
 
             def by_concurrency(c: int, slo: Slo = slo, p: int = p, at: dict = at, rechecked: set = rechecked) -> Verdict:
                 again = c in at  # the search's end re-checks a load it probed: a second file, the first kept
-                verdict, rec = probe(slo, "concurrency", c, p, max(cap.min_requests, cap.waves * c), c, again)
+                verdict, rec = probe(slo, "concurrency", c, p, max(cap.min_requests, cap.waves * c),
+                                     max(c, slots), again)
                 if again:
                     rechecked.add(c)
                 else:
@@ -137,7 +140,7 @@ def run(job: ServeJob, session: Session, base: dict[str, Any], load: LoadCfg, to
                 rates: dict[float, dict] = {}
 
                 def by_rate(r: float, slo: Slo = slo, p: int = p, rates: dict = rates, c: int = c_star) -> Verdict:
-                    verdict, rec = probe(slo, "rate", r, p, max(cap.min_requests, cap.waves * c), c)
+                    verdict, rec = probe(slo, "rate", r, p, max(cap.min_requests, cap.waves * c), max(c, slots))
                     rates[r] = rec
                     return verdict
 
