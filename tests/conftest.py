@@ -48,7 +48,7 @@ def planned_jobs(plan: str) -> list[tuple[str, dict[str, str]]]:
     """A dry run's jobs in order: rule name and its printed fields (input, threads, resources, ...)."""
     jobs: list[tuple[str, dict[str, str]]] = []
     for line in plan.splitlines():
-        m = re.match(r"^(?:local)?(?:rule|checkpoint) (\w+):", line)
+        m = re.match(r"^\s*(?:local)?(?:rule|checkpoint) (\w+):", line)  # indented: inside a group job
         if m:
             jobs.append((m.group(1), {}))
         elif jobs and (f := re.match(r"^\s+(\w+): (.*)$", line)):

@@ -42,3 +42,17 @@ def test_slurm_profile_asks_for_no_gpu_on_cpu_configs() -> None:
     out = snakemake("--profile", PROFILE, "-n", "--forceall", "results/summary.csv").stdout
     jobs = _jobs(out)
     assert jobs["serve_load"] and not any("gres=" in r for rs in jobs.values() for r in rs)
+
+
+def test_an_experiments_serving_jobs_are_one_group_job_one_allocation() -> None:
+    """Nodes of one kind differ by more than most margins: every variant of a comparison is served in one
+    Slurm job (a Snakemake group job), so they share one node."""
+    out = snakemake("--profile", PROFILE, "-n", "--forceall", "results/summary.csv",
+                    "--config", "experiment=blog_v100").stdout
+    assert out.count("Group job serve ") == 1, out[-3000:]
+    group = out.split("Group job serve ", 1)[1]
+    inside = [line.strip() for line in group.splitlines() if line.startswith("    rule ")]
+    outside = [line for line in out.splitlines() if line.startswith(("rule serve_", "localrule serve_"))]
+    assert not outside, outside
+    served = [rule for rule, _ in planned_jobs(out) if rule.startswith("serve_")]
+    assert sorted(inside) == sorted(f"rule {r}:" for r in served) and inside.count("rule serve_load:") > 1, inside

@@ -18,6 +18,8 @@ rule serve_block:
         toolchain=toolchain_arg,
     threads: workflow.cores
     priority: 5
+    group:
+        SERVE_GROUP
     resources:
         **GPU_RESOURCES,
     log:
@@ -43,6 +45,8 @@ rule serve_load:
         toolchain=toolchain_arg,
     threads: workflow.cores
     priority: 5
+    group:
+        SERVE_GROUP
     resources:
         **GPU_RESOURCES,
     log:
