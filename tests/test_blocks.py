@@ -110,6 +110,17 @@ def test_the_roofline_uses_the_bandwidth_measured_on_the_node_where_the_record_h
     assert _hardware_for_roofline(hw, {"gpus": [{"uuid": "GPU-a", "mem_bandwidth_error": "no torch"}]}) == (hw, "config")
     two = {"gpus": [{"mem_bandwidth_gbs": 4200.0}, {"mem_bandwidth_gbs": 4100.0}]}
     assert _hardware_for_roofline(hw, two)[0]["mem_bandwidth_gbs"] == 4100.0  # the slowest GPU bounds a step
+    # per node and per GPU used: a row's own GPUs only, and no figure from another node's record
+    three = {"host": "n1", "gpus": [{"uuid": "GPU-a", "mem_bandwidth_gbs": 4200.0},
+                                    {"uuid": "GPU-b", "mem_bandwidth_gbs": 3000.0},
+                                    {"uuid": "GPU-c", "mem_bandwidth_gbs": 4150.0}]}
+    assert _hardware_for_roofline(hw, three, "gpu:GPU-a")[0]["mem_bandwidth_gbs"] == 4200.0
+    assert _hardware_for_roofline(hw, three, "gpu:GPU-a,GPU-c")[0]["mem_bandwidth_gbs"] == 4150.0
+    assert _hardware_for_roofline(hw, three, "gpu:GPU-z") == (hw, "config")  # measured on another node
+    cpu = {"backend": "cpu", "mem_bandwidth_gbs": 20.0}
+    host = {"host": "n1", "cpu": {"mem_bandwidth_gbs": 11.0}}
+    assert _hardware_for_roofline(cpu, host, "host:n1/abc")[0]["mem_bandwidth_gbs"] == 11.0
+    assert _hardware_for_roofline(cpu, host, "host:n2/def") == (cpu, "config")
 
 
 def test_a_node_is_named_by_its_gpus_else_by_host_and_machine_id(tmp_path: Path) -> None:

@@ -25,26 +25,36 @@ AXIS_COLUMNS = ["sweep", "overrides"]
 DOCTOR_COLUMNS = ["predicted_status", "predicted_reason", "bandwidth_source", "synthetic"]
 
 
-def measured_bandwidth_gbs(hw: Mapping[str, Any], facts: Mapping[str, Any] | None) -> float | None:
-    """The doctor's measured bandwidth for this hardware: the host copy on CPU, the slowest GPU's device copy
-    on CUDA (every GPU must have one), else None."""
+def measured_bandwidth_gbs(hw: Mapping[str, Any], facts: Mapping[str, Any] | None,
+                           node: str | None = None) -> float | None:
+    """The doctor's measured bandwidth where a row ran: the host copy on CPU, the slowest device copy among
+    the GPUs the row's server used on CUDA (each must have one); None where the doctor's record is of another
+    node than the row's ``node`` (``node_id``), so one node's figure never stands for another's."""
     facts = facts or {}
     if hw.get("backend") == "cpu":
+        if node and node.startswith("host:") and node[5:].split("/")[0] != str(facts.get("host", "")):
+            return None
         v = (facts.get("cpu") or {}).get("mem_bandwidth_gbs")
         return float(v) if v else None
     gpus = facts.get("gpus") or []
+    if node and node.startswith("gpu:"):
+        used = set(node[4:].split(","))
+        gpus = [g for g in gpus if g.get("uuid") in used]
+        if len(gpus) != len(used):
+            return None
     values = [g.get("mem_bandwidth_gbs") for g in gpus]
     return float(min(values)) if values and all(values) else None
 
 
-def _hardware_for_roofline(hw: Mapping[str, Any], facts: Mapping[str, Any] | None) -> tuple[dict[str, Any], str]:
+def _hardware_for_roofline(hw: Mapping[str, Any], facts: Mapping[str, Any] | None,
+                           node: str | None = None) -> tuple[dict[str, Any], str]:
     """The hardware dict the roofline uses, and where its bandwidth came from (``measured`` or ``config``).
 
     The doctor's measurement on the node the cells ran on replaces the configured figure wherever it has one
     (a configured 20 GB/s put some CPU cells above 100 %; a GPU's datasheet is not the node in hand).
     """
     hw = dict(hw)
-    measured = measured_bandwidth_gbs(hw, facts)
+    measured = measured_bandwidth_gbs(hw, facts, node)
     if measured:
         hw["mem_bandwidth_gbs"] = measured
         return hw, "measured"
@@ -83,8 +93,6 @@ def extend(rows: list[dict[str, Any]], points: Mapping[str, Any], published_path
                                f"known: {sorted(points)}")
         r["sweep"] = pt.get("sweep", "")
         r["overrides"] = pt.get("overrides", "")
-        if pt.get("config_hash"):
-            r["config_hash"] = pt["config_hash"]
         eng = pt.get("engines", {}).get(r.get("engine"), {})
         settings = r.get("engine_settings")
         settings = json.loads(settings) if isinstance(settings, str) and settings else (settings or eng.get("settings"))
@@ -92,7 +100,7 @@ def extend(rows: list[dict[str, Any]], points: Mapping[str, Any], published_path
         r["predicted_status"] = pred.get("expected", "")
         r["predicted_reason"] = pred.get("reason", "")
         r["synthetic"] = (pt.get("config", {}).get("model", {}).get("source") == "synthetic")
-        hw, r["bandwidth_source"] = _hardware_for_roofline(pt["hardware"], facts)
+        hw, r["bandwidth_source"] = _hardware_for_roofline(pt["hardware"], facts, r.get("node_id") or None)
         r.update(roofline.row_columns(r, hw, eng.get("plugin"), settings))
     if published_path is not None:
         cols += published.compare(rows, published.load(published_path))
