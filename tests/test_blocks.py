@@ -130,3 +130,14 @@ def test_a_node_is_named_by_its_gpus_else_by_host_and_machine_id(tmp_path: Path)
     assert node_id(None, mid).endswith("/0123456789ab") and node_id(None, mid).startswith("host:")
     assert "/" not in node_id([], tmp_path / "missing")
 
+
+
+def test_the_summary_takes_each_rows_bandwidth_from_its_own_node() -> None:
+    from bakeoff.results.derived import extend
+
+    hw = {"backend": "cuda", "gpus": 1, "mem_bandwidth_gbs": 4300.0}
+    facts = {"host": "n1", "gpus": [{"uuid": "GPU-a", "mem_bandwidth_gbs": 4000.0}]}
+    rows = [{"experiment": "e", "engine": "llamacpp", "format": "f16", "node_id": n, "concurrency": "1"}
+            for n in ("gpu:GPU-a", "gpu:GPU-z")]
+    extend(rows, {"e": {"hardware": hw, "engines": {}, "config": {}}}, None, facts)
+    assert [r["bandwidth_source"] for r in rows] == ["measured", "config"]

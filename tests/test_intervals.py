@@ -95,3 +95,18 @@ def test_every_cell_carries_its_intervals_and_an_open_p99_end_is_empty() -> None
         assert lo <= m[f"median_{metric}_ms"] <= hi and lo < hi, metric
         # 40 requests cannot bound a p99 from above, even with 600 inter-token gaps among them
         assert m[f"p99_{metric}_ms_ci_lo"] <= m[f"p99_{metric}_ms"] and m[f"p99_{metric}_ms_ci_hi"] is None, metric
+
+
+def test_a_cell_records_its_share_over_each_bound_and_its_peak_in_flight() -> None:
+    def rec(i: int, start: float, ttft: float, e2el: float) -> RequestRecord:
+        return RequestRecord(i, 8, 5, start=start, success=True, ttft=ttft, e2el=e2el, output_tokens=5)
+
+    # 20 requests: 2 over the TTFT bound (300 ms), 1 over TPOT (50 ms); at most 3 in flight at once
+    recs = [rec(i, 0.1 * i, 0.1, 0.1 + 4 * 0.02) for i in range(17)]
+    recs += [rec(17, 1.7, 0.5, 0.58), rec(18, 1.8, 0.4, 0.48), rec(19, 1.9, 0.1, 0.1 + 4 * 0.06)]
+    m = summarize(recs, 3.0, {"ttft": 300.0, "tpot": 50.0})
+    assert m["over_ttft_share"] == pytest.approx(2 / 20) and m["over_tpot_share"] == pytest.approx(1 / 20)
+    assert m["over_ttft_share_ub95"] == pytest.approx(share_upper_bound(2, 20))
+    assert m["over_tpot_share_ub95"] == pytest.approx(share_upper_bound(1, 20)) and m["over_tpot_share_ub95"] > 0.05
+    assert m["peak_in_flight"] == 3  # 17 (1.70-2.28), 18 (1.80-2.28), 19 (1.90-2.24)
+    assert "over_ttft_share" not in summarize(recs, 3.0)  # no SLO, no share
