@@ -48,6 +48,7 @@ from pathlib import Path
 from bakeoff.errors import BakeoffError
 from bakeoff.layout import is_cell_stem
 from bakeoff.models.manifest import read_manifest, verify, write_manifest
+from bakeoff.stages import node_parts
 
 # Parts of the llama.cpp tree no target of bakeoff's builds reads (paths relative to llama.cpp/).
 TRIM = ["models/*", "docs/*", "benches/*", "tests/*", "examples/*", "media/*", "ci/*",
@@ -63,11 +64,22 @@ NOT_PACKED = ["runs/*"]
 OLD_MTIME = 946684800  # 2000-01-01: the carried source tree predates everything the node builds from it
 
 NODE_SH = r"""#!/bin/bash
-# On the GPU node, from any directory: bash <bundle>/node.sh <snakemake --config entries...>
-# Runs `snakemake node` (bakeoff's own rules) in $BAKEOFF_NODE_DIR and tars the results into $OUT.
+# On the GPU node, from any directory: bash <bundle>/node.sh [--part <dir>/part-NN ...] [<snakemake --config entries...>]
+# --part: keep a part of a carried payload (bakeoff node pack --vllm; <dir>/manifest.json beside it) and install
+# the payload once all its parts have come (node_parts.py); with no config entries after it, stop there.
+# Otherwise: run `snakemake node` (bakeoff's own rules) in $BAKEOFF_NODE_DIR and tar the results into $OUT.
 set -u
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
 B=$(cd "$(dirname "$0")" && pwd)
+PARTS=()
+while [ "${1:-}" = "--part" ]; do
+  [ $# -ge 2 ] || { echo "node.sh: --part needs a file" >&2; exit 4; }
+  PARTS+=("$2"); shift 2
+done
+if [ ${#PARTS[@]} -gt 0 ]; then
+  python3 "$B/node_parts.py" receive --manifest "$(dirname "${PARTS[0]}")/manifest.json" "${PARTS[@]}" || exit 4
+  [ $# -eq 0 ] && exit 0
+fi
 W=${BAKEOFF_NODE_DIR:-/tmp/bakeoff-node}
 SITE=${BAKEOFF_NODE_SITE:-/tmp/bakeoff-site}
 OUT=${OUT:-$W/out}
@@ -187,6 +199,7 @@ def pack(*, repo: Path, source: Path, wheels: Path, out: Path, resume: Sequence[
         shutil.rmtree(whl, ignore_errors=True)
         shutil.copytree(wheels, whl)
     (out / "node.sh").write_text(NODE_SH)
+    shutil.copy2(Path(node_parts.__file__), out / "node_parts.py")
     return out
 
 
