@@ -139,6 +139,13 @@ class EngineCfg(_Strict):
     port: int | None = Field(default=None, ge=1, le=65535)
     api_key: str | None = None
     startup_timeout_s: PositiveFloat = 600
+    # A Python engine's server process (vLLM): the interpreter it runs under (None: bakeoff's own) and its
+    # PYTHONPATH (os.pathsep-separated; None: inherited), e.g. python3 and the folder node.sh installed vLLM into.
+    python: str | None = None
+    pythonpath: str | None = None
+    # Where it runs on a CUDA node: auto (natively when its interpreter has a CUDA torch, else in
+    # hardware.vllm_image if one is named), native, or container (hardware.vllm_image).
+    runtime: Literal["auto", "native", "container"] = "auto"
     settings: dict[str, Any] = {}
     extra_args: list[str] = []
     toolchain: ToolchainCfg | None = None

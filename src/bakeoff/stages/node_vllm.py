@@ -86,7 +86,7 @@ NOT_CARRIED: dict[str, str] = {
 # stack needs that version; the install is --no-deps, so pip never replaces it).
 NODE_MISMATCH_OK: dict[str, str] = {
     "numpy": "mistral-common caps numpy below 2.4 on Python <= 3.12; the node's torch 2.11.0 runs on its numpy 2.5.2, "
-             "and vLLM 0.24.0 with mistral-common imported on it there (2026-12-05)",
+             "and vllm.entrypoints.openai.api_server imported with it there (2026-12-05)",
 }
 
 
