@@ -313,6 +313,10 @@ def _cmd_stage(a: argparse.Namespace) -> None:
         from bakeoff.stages.model_fp16 import convert
 
         convert(_dir(a.input), out, fmt=a.format or "fp16")
+    elif name == "fp8-online":
+        from bakeoff.stages.fp8_online import make
+
+        make(_dir(a.input), out, fmt=a.format or "fp8-online")
     elif name == "quantize-fp8":
         from bakeoff.stages.quantize_fp8 import quantize
 
@@ -378,7 +382,8 @@ def _cmd_stage(a: argparse.Namespace) -> None:
         raise BakeoffError(f"unknown stage {name!r}")
 
 
-STAGES = ["doctor", "fetch-llamacpp", "build-llamacpp", "build-llamacpp-python", "fetch-model", "model-fp16", "quantize-fp8",
+STAGES = ["doctor", "fetch-llamacpp", "build-llamacpp", "build-llamacpp-python", "fetch-model", "model-fp16", "fp8-online",
+          "quantize-fp8",
           "dequant-fp8", "convert-gguf", "quantize-gguf", "serve-load", "serve-block", "kernel-bench", "gpu-check", "ecc-recheck"]
 
 
