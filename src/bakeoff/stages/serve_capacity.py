@@ -25,7 +25,8 @@ from bakeoff.stages.measure_cell import measure
 from bakeoff.stages.serve_job import ServeJob
 
 # What a capacity row reads from the probe at capacity.
-AT_CAPACITY = ("output_throughput", "request_goodput", "joules_per_output_token", "p99_ttft_ms", "p99_tpot_ms")
+AT_CAPACITY = ("output_throughput", "request_goodput", "joules_per_output_token", "p99_ttft_ms", "p99_tpot_ms",
+               "client_cpu_s", "client_cpu_share", "client_saturated")
 
 
 def capacity_hash(spec_hash: str, load: LoadCfg) -> str:
@@ -103,6 +104,10 @@ def run(job: ServeJob, session: Session, base: dict[str, Any], load: LoadCfg, to
                 opened = search_rate(by_rate, float(best["request_throughput"]), cap.max_probes, cap.rate_resolution)
                 row.update(_search_columns(opened, "rate"))
                 row["output_throughput_at_capacity_rate"] = rates.get(opened.capacity, {}).get("output_throughput")
+                at.update({f"r{r:g}": rec for r, rec in rates.items()})
+            # A probe whose client saturated measured the client as much as the server: named, never hidden.
+            row["client_saturated_probes"] = " ".join(str(rec.get("cell")) for rec in at.values()
+                                                      if rec.get("client_saturated"))
             rows.append(row)
     return {"capacity": rows, "probes": probes}
 
