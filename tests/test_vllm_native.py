@@ -86,6 +86,8 @@ def test_native_command_runs_under_the_carried_interpreter_and_pythonpath(tmp_pa
     assert argv[argv.index("--model") + 1] == str((tmp_path / "model").resolve())
     assert eng.versions() == {"engine": "vllm", "engine_version": "0.24.0", "torch": "2.11.0+cu130",
                               "python": str(node_python), "torch_cuda": "13.0"}
+    notes = eng.started_facts()[1]  # every row of this server says which FP8 and which weights it served
+    assert any("--load-format dummy" in n for n in notes) and any("--quantization fp8" in n for n in notes)
 
 
 def test_explicit_settings_win_over_the_manifest(tmp_path: Path, node_python: Path):

@@ -276,6 +276,20 @@ class VllmEngine(Engine):
             out["torch_cuda"] = facts["torch_cuda"]
         return out
 
+    def started_facts(self) -> tuple[dict[str, Any], list[str]]:
+        """What the model directory made vLLM do beyond the engine settings, said in every cell's note."""
+        serving, notes = model_serving(self.spec.model_dir), []
+        if serving.get("load_format") and self.spec.engine.settings.get("load_format") is None:
+            notes.append(f"weights drawn by vLLM at load (--load-format {serving['load_format']}): the model's shape, "
+                         "not its values")
+        added = {k: v for k, v in serving.get("serve_settings", {}).items() if self.spec.engine.settings.get(k) is None}
+        if added.get("quantization") == "fp8":
+            notes.append("FP8 made by vLLM at load (--quantization fp8: per-tensor E4M3 weights, dynamic activation "
+                         "scales), not an FP8 checkpoint")
+        elif added:
+            notes.append(f"served with {added} from the model directory's manifest")
+        return {}, notes
+
     def capabilities(self) -> dict[str, Any]:
         return {"serves": self.serves, "container": bool(self.container_image), "prompt_logprobs": True}
 
