@@ -19,7 +19,6 @@ own dynamic FP8, made at load). Explicit engine settings win.
 from __future__ import annotations
 
 import functools
-import importlib.metadata
 import json
 import os
 import shutil
@@ -34,6 +33,7 @@ from bakeoff.engines.base import Engine, engine_error_line, register
 from bakeoff.engines.flags import settings_to_flags
 from bakeoff.errors import BakeoffError
 from bakeoff.hardware.gpu import docker_gpu_args
+from bakeoff.layout import MANIFEST
 from bakeoff.loadgen.scrape import MetricNames
 
 CONTAINER_MODEL_DIR = "/model"
@@ -85,11 +85,9 @@ print(json.dumps(out))
 @functools.lru_cache(maxsize=8)
 def interpreter_facts(python: str, pythonpath: str | None) -> dict[str, str]:
     """vLLM's and torch's versions as ``python`` with ``PYTHONPATH=pythonpath`` imports them (cached per pair)."""
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env = dict(os.environ)
     if pythonpath is not None:
         env["PYTHONPATH"] = pythonpath
-    elif "PYTHONPATH" in os.environ:
-        env["PYTHONPATH"] = os.environ["PYTHONPATH"]
     try:
         proc = subprocess.run([python, "-c", VERSIONS_PROBE], capture_output=True, text=True, env=env, timeout=300)
         return json.loads(proc.stdout.strip().splitlines()[-1])
@@ -100,19 +98,10 @@ def interpreter_facts(python: str, pythonpath: str | None) -> dict[str, str]:
 def model_serving(model_dir: Path) -> dict[str, Any]:
     """What the model directory's manifest says about serving it: ``load_format``, ``serve_settings``."""
     try:
-        m = json.loads((Path(model_dir) / "manifest.json").read_text())
+        m = json.loads((Path(model_dir) / MANIFEST).read_text())
     except (OSError, json.JSONDecodeError):
         return {}
     return {k: m[k] for k in ("load_format", "serve_settings") if m.get(k)}
-
-
-def _dist_version(*names: str) -> str:
-    for n in names:
-        try:
-            return importlib.metadata.version(n)
-        except importlib.metadata.PackageNotFoundError:
-            continue
-    return "not installed"
 
 
 @register
