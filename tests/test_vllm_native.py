@@ -122,3 +122,13 @@ def test_bakeoffs_own_interpreter_is_the_default(tmp_path: Path):
     e = EngineCfg(plugin="vllm", serves="hf", settings={"kv_cache_memory_bytes": "1G"})
     eng = VllmEngine(ServerSpec(engine=e, hardware=hw, model_dir=tmp_path, served_name="m", log_path=tmp_path / "l"))
     assert eng.command()[0] == sys.executable and "VLLM_USE_FLASHINFER_SAMPLER" not in eng.env()
+
+
+def test_the_versions_record_names_what_served_beside_this_environment(tmp_path: Path):
+    from bakeoff.results.versions import served_versions
+
+    summary = tmp_path / "summary.csv"
+    summary.write_text("engine,engine_version,format\nvllm,0.24.0,fp16\nvllm,0.24.0,fp8-online\n"
+                       "llamacpp,llama.cpp@0c1e570,q4_k_m\n")
+    assert served_versions(summary) == {"served_llamacpp": "llama.cpp@0c1e570", "served_vllm": "0.24.0"}
+    assert served_versions(tmp_path / "absent.csv") == {}

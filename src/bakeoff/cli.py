@@ -145,7 +145,8 @@ def _cmd_versions(a: argparse.Namespace) -> None:
                 source_manifest=Path(a.model_source) if a.model_source else None,
                 hardware_json=Path(a.hardware_json) if a.hardware_json else None,
                 config_hash=" ".join(p["config_hash"] for p in cfg.values()), toolchain_cfg=tc,
-                vllm_image=first["config"]["hardware"].get("vllm_image"))
+                vllm_image=first["config"]["hardware"].get("vllm_image"),
+                summary_csv=Path(a.summary) if a.summary else None)
     atomic_write_text(Path(a.out), json.dumps(v, indent=2, sort_keys=True) + "\n")
 
 
@@ -441,6 +442,7 @@ def build_parser() -> argparse.ArgumentParser:
     vs.add_argument("--toolchain", help="llama.cpp toolchain manifest.json")
     vs.add_argument("--model-source", help="models/<model>/source/manifest.json")
     vs.add_argument("--hardware-json", help="results/hardware.json (optional; tolerated if absent)")
+    vs.add_argument("--summary", help="results/summary.csv: each engine's served versions (served_<engine>)")
     vs.add_argument("--out", required=True)
     vs.set_defaults(func=_cmd_versions)
 
