@@ -282,12 +282,13 @@ def trim_wheel(src: Path, dest: Path, patterns: dict[str, str]) -> list[dict]:
 def default_part_bytes(repo: Path, extra_bytes: int = 0) -> tuple[int, str]:
     """The largest part that fits one call beside the checkout that travels with it (at most 55 MiB).
 
-    Every call sends the working tree (tracked and untracked-not-ignored files) plus what it carries; a part
+    Every call sends the working tree (tracked and untracked-not-ignored files, and shared/) plus what it carries; a part
     call also carries ``node.sh``, ``node_parts.py`` and the manifest (``extra_bytes``), and 1 MiB is kept spare.
     """
     from bakeoff.stages.node import checkout_files
 
-    tree = sum((repo / n).stat().st_size for n in checkout_files(repo))
+    files = {repo / n for n in checkout_files(repo)} | {p for p in (repo / "shared").rglob("*") if p.is_file()}
+    tree = sum(p.stat().st_size for p in files)  # shared/ travels too, ignored or not
     room = CALL_LIMIT - tree - extra_bytes - MIB
     part = min(DEFAULT_PART_MIB * MIB, room)
     if part < 4 * MIB:
