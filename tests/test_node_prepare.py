@@ -27,7 +27,7 @@ rule node:
 rule build_llamacpp:
     output: "built.txt"
     log: "logs/build.log"
-    shell: "sleep 4; python3 -c 'import time; print(time.time())' > {output}"
+    shell: "sleep 6; python3 -c 'import time; print(time.time())' > {output}"
 
 rule serve_load:
     input: "built.txt"
@@ -59,6 +59,12 @@ def test_prepare_returns_at_once_and_the_run_waits_for_it(tmp_path: Path):
                           text=True, timeout=60)
     assert prep.returncode == 0 and "preparing in the background" in prep.stdout, prep.stdout + prep.stderr
     assert time.monotonic() - t0 < 4 and not (work / "built.txt").exists()  # returned before the build finished
+    again = subprocess.run(["bash", str(bundle / "node.sh"), "--prepare", "experiment=stand_in"], env=env,
+                           capture_output=True, text=True, timeout=60)
+    assert again.returncode == 0 and "already preparing" in again.stdout  # one prepare at a time
+    short = subprocess.run(["bash", str(bundle / "node.sh"), "experiment=stand_in"], capture_output=True, text=True,
+                           env={**env, "BAKEOFF_NODE_TIMEOUT_S": "60"}, timeout=60)
+    assert short.returncode == 5 and "call again" in short.stdout  # a call too short to wait leaves it running
     run = subprocess.run(["bash", str(bundle / "node.sh"), "experiment=stand_in"], env=env, capture_output=True,
                          text=True, timeout=300)
     assert "waiting for the background prepare" in run.stdout, run.stdout + run.stderr

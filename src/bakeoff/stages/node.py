@@ -92,9 +92,19 @@ W=${BAKEOFF_NODE_DIR:-/tmp/bakeoff-node}
 SITE=${BAKEOFF_NODE_SITE:-/tmp/bakeoff-site}
 OUT=${OUT:-$W/out}
 mkdir -p "$W" "$SITE/bin" "$OUT"
+T0=$(date +%s)
+BUDGET=${BAKEOFF_NODE_TIMEOUT_S:-540}  # this call's time for Snakemake, waiting for a background prepare included
+left() { echo $(( BUDGET - ($(date +%s) - T0) )); }
 if [ -f "$W/prepare.pid" ] && kill -0 "$(cat "$W/prepare.pid")" 2>/dev/null; then
+  [ $PREPARE = 1 ] && { echo "node.sh: already preparing (pid $(cat "$W/prepare.pid"); $W/prepare.log)"; exit 0; }
   echo "node.sh: waiting for the background prepare (pid $(cat "$W/prepare.pid"); $W/prepare.log)"
-  while kill -0 "$(cat "$W/prepare.pid")" 2>/dev/null; do sleep 5; done
+  while kill -0 "$(cat "$W/prepare.pid")" 2>/dev/null; do
+    if [ "$(left)" -lt 90 ]; then
+      echo "node.sh: the background prepare is still running; it goes on: call again"; tail -n 5 "$W/prepare.log"
+      exit 5
+    fi
+    sleep 5
+  done
 fi
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" "$B"/whl/*.whl \
   > "$OUT/pip.log" 2>&1 || { cat "$OUT/pip.log"; exit 3; }
@@ -111,7 +121,7 @@ if [ $PREPARE = 1 ]; then
   exit 0
 fi
 nvidia-smi > "$OUT/nvidia-smi.txt" 2>&1
-timeout -k 30 "${BAKEOFF_NODE_TIMEOUT_S:-540}" python3 -m snakemake --cores all --scheduler greedy --rerun-incomplete \
+timeout -k 30 "$(left)" python3 -m snakemake --cores all --scheduler greedy --rerun-incomplete \
   --keep-going --printshellcmds node --config "$@" > "$OUT/snakemake.log" 2>&1
 rc=$?
 echo "snakemake rc=$rc" >> "$OUT/snakemake.log"
