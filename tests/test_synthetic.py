@@ -56,9 +56,12 @@ def test_llama2_7b_shape_has_the_scoreboard_models_parameter_count() -> None:
     assert LLAMA2_7B.n_params() == bench[0]["model_n_params"] == 6_738_415_616
 
 
-def test_synthetic_models_refuse_quality_and_hf_formats() -> None:
-    with pytest.raises(ConfigError, match="no HF checkpoint for formats"):
+def test_synthetic_models_refuse_quality_and_formats_made_from_hf_weights() -> None:
+    with pytest.raises(ConfigError, match=r"has no weights.*formats \['f16'\] cannot be made"):
         load_config(["experiment=synthetic_tiny", "formats.f16.input=fp16"])
+    with pytest.raises(ConfigError, match=r"has no weights.*formats \['fp8'\] cannot be made"):
+        load_config(["experiment=synthetic_tiny", "+experiment.variants.vllm=[fp16,fp8]",
+                     "+engines.vllm.settings.kv_cache_memory_bytes=1G"])
     with pytest.raises(ConfigError, match="quality is not meaningful"):
         load_config(["experiment=synthetic_tiny", "eval=smoke"])
 

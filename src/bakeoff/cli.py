@@ -82,21 +82,51 @@ def _cmd_columns(a: argparse.Namespace) -> None:
 def _cmd_node(a: argparse.Namespace) -> None:
     from bakeoff.stages import node
 
-    if a.action == "pack":
+    if a.action == "pack" and a.vllm:
+        _pack_vllm(a)
+    elif a.action == "pack":
         if not a.source or not a.wheels:
             raise BakeoffError("node pack needs --source (the fetch_llamacpp output) and --wheels")
-        out = node.pack(repo=Path(a.repo), source=_dir(a.source), wheels=Path(a.wheels), out=Path(a.out),
+        out = node.pack(repo=Path(a.repo), source=_dir(a.source), wheels=Path(a.wheels), out=Path(a.out or "node-bundle"),
                         resume=[Path(t) for t in a.resume])
         print(f"bundle in {out}: run `bash {out}/node.sh experiment=...` on the node")
     elif a.action == "record":
+        if not a.out:
+            raise BakeoffError("node record needs --out (the run record's folder)")
         paths = node.record(Path(a.tarball), Path(a.out))
         print("\n".join(str(p) for p in paths.values()))
     elif a.action == "collect":
+        if not a.out:
+            raise BakeoffError("node collect needs --out (the tarball to write)")
         names = node.collect(Path(a.repo), Path(a.out))
         print(f"{len(names)} node results in {a.out}")
     else:
         names = node.unpack(Path(a.tarball), Path(a.repo))
         print(f"{len(names)} node results unpacked under {a.repo}; next: snakemake --touch node --config ...")
+
+
+def _pack_vllm(a: argparse.Namespace) -> None:
+    """``node pack --vllm V``: vLLM's trimmed wheel and the wheels the node lacks, as parts with one manifest."""
+    from bakeoff.layout import NODE_VLLM_DIR, cache_root
+    from bakeoff.stages.node_vllm import MIB, default_part_bytes, pack_vllm
+
+    out = Path(a.out or Path(a.repo) / NODE_VLLM_DIR)
+    if a.vllm_wheels:
+        wheels = Path(a.vllm_wheels)
+    elif (cache := cache_root()) is not None:
+        wheels = cache / "wheels" / f"vllm-{a.vllm}"
+    else:
+        raise BakeoffError("BAKEOFF_CACHE_DIR=off: give --vllm-wheels (a folder outside the checkout)")
+    if a.part_mib:
+        part, why = int(a.part_mib * MIB), f"--part-mib {a.part_mib:g}"
+    else:
+        part, why = default_part_bytes(Path(a.repo), extra_bytes=256 * 1024)
+    m = pack_vllm(version=a.vllm, wheels=wheels, out=out, part_bytes=part, part_bytes_why=why, fetch=not a.offline)
+    for p in m["parts"]:
+        print(f"{out / p['name']}  {p['bytes']} bytes  sha256 {p['sha256']}")
+    n = len(m["parts"])
+    print(f"{n} parts of {m['payload']['bytes']} bytes; on the node, one call each (carry {out}/node.sh, "
+          f"node_parts.py, manifest.json and the part): bash {out}/node.sh --part {out}/part-01 ... part-{n:02d}")
 
 
 def _cmd_points(a: argparse.Namespace) -> None:
@@ -131,7 +161,8 @@ def _cmd_versions(a: argparse.Namespace) -> None:
                 source_manifest=Path(a.model_source) if a.model_source else None,
                 hardware_json=Path(a.hardware_json) if a.hardware_json else None,
                 config_hash=" ".join(p["config_hash"] for p in cfg.values()), toolchain_cfg=tc,
-                vllm_image=first["config"]["hardware"].get("vllm_image"))
+                vllm_image=first["config"]["hardware"].get("vllm_image"),
+                summary_csv=Path(a.summary) if a.summary else None)
     atomic_write_text(Path(a.out), json.dumps(v, indent=2, sort_keys=True) + "\n")
 
 
@@ -299,6 +330,10 @@ def _cmd_stage(a: argparse.Namespace) -> None:
         from bakeoff.stages.model_fp16 import convert
 
         convert(_dir(a.input), out, fmt=a.format or "fp16")
+    elif name == "fp8-online":
+        from bakeoff.stages.fp8_online import make
+
+        make(_dir(a.input), out, fmt=a.format or "fp8-online")
     elif name == "quantize-fp8":
         from bakeoff.stages.quantize_fp8 import quantize
 
@@ -364,7 +399,8 @@ def _cmd_stage(a: argparse.Namespace) -> None:
         raise BakeoffError(f"unknown stage {name!r}")
 
 
-STAGES = ["doctor", "fetch-llamacpp", "build-llamacpp", "build-llamacpp-python", "fetch-model", "model-fp16", "quantize-fp8",
+STAGES = ["doctor", "fetch-llamacpp", "build-llamacpp", "build-llamacpp-python", "fetch-model", "model-fp16", "fp8-online",
+          "quantize-fp8",
           "dequant-fp8", "convert-gguf", "quantize-gguf", "serve-load", "serve-block", "kernel-bench", "gpu-check", "ecc-recheck"]
 
 
@@ -428,6 +464,7 @@ def build_parser() -> argparse.ArgumentParser:
     vs.add_argument("--toolchain", help="llama.cpp toolchain manifest.json")
     vs.add_argument("--model-source", help="models/<model>/source/manifest.json")
     vs.add_argument("--hardware-json", help="results/hardware.json (optional; tolerated if absent)")
+    vs.add_argument("--summary", help="results/summary.csv: each engine's served versions (served_<engine>)")
     vs.add_argument("--out", required=True)
     vs.set_defaults(func=_cmd_versions)
 
@@ -500,7 +537,14 @@ def build_parser() -> argparse.ArgumentParser:
     nd.add_argument("--repo", default=".", help="the checkout (pack, unpack) or the node's run directory (collect)")
     nd.add_argument("--source", help="pack: the pinned llama.cpp source (build/llamacpp/src-<commit>)")
     nd.add_argument("--wheels", help="pack: folder of the wheels the node lacks")
-    nd.add_argument("--out", default="node-bundle", help="pack: bundle folder; collect: tarball to write")
+    nd.add_argument("--out", default=None,
+                    help="pack: bundle folder (node-bundle; with --vllm, build/node-vllm); collect: tarball to write")
+    nd.add_argument("--vllm", metavar="VERSION",
+                    help="pack: instead of the bundle, vLLM VERSION for the node as parts (bakeoff.stages.node_vllm)")
+    nd.add_argument("--vllm-wheels", help="pack --vllm: the download cache (default ~/.cache/bakeoff/wheels/vllm-V)")
+    nd.add_argument("--part-mib", type=float, default=None,
+                    help="pack --vllm: part size in MiB (default: up to 55, what fits a call beside the working tree)")
+    nd.add_argument("--offline", action="store_true", help="pack --vllm: use only wheels already in the cache")
     nd.add_argument("--resume", action="append", default=[], metavar="TGZ",
                     help="pack: an earlier node-results.tgz whose finished cells the node keeps (repeatable)")
     nd.set_defaults(func=_cmd_node)

@@ -34,6 +34,7 @@ else builds an artifact path by hand or reads one by its depth.
   results/metrics.json                  DVC metrics, from the summary
   results/mlflow/runs.json              the MLflow parent run and its cell runs of this invocation
   .snakemake/bakeoff-specs/{digest}.json   a job's config slice (``--spec @file``), named by its content
+  build/node-vllm/                      vLLM for the GPU node: part-01.., manifest.json, node.sh, node_parts.py
   $BAKEOFF_CACHE_DIR (~/.cache/bakeoff)    outside the clone: finished builds; files' sha256 by inode (manifest)
 
 Each artifact directory is complete exactly when its manifest.json exists.
@@ -64,6 +65,11 @@ KEPT_DIR = "kept"
 LIBLLAMA = "lib/libllama.so"  # inside a toolchain directory
 BINDING_SITE = "site"  # inside a llama-cpp-python directory: the installed package
 SOURCE_ARCHIVE = "source.tar.gz"  # inside the llama.cpp source directory
+
+# The node route's carried vLLM: the parts folder here, and where node.sh installs it on the node (the
+# experiment's engines.vllm.pythonpath names the same folder).
+NODE_VLLM_DIR = "build/node-vllm"
+NODE_VLLM_SITE = "/tmp/bakeoff-vllm/site"
 
 # Snakemake output templates (each a manifest or a file the rule writes).
 HARDWARE = "results/hardware.json"

@@ -111,3 +111,20 @@ rule quantize_gguf:
     shell:
         "bakeoff stage quantize-gguf --spec {params.spec:q} --format {wildcards.format}"
         " --input {input.model} --toolchain {input.toolchain} --out {output} --jobs {threads} > {log} 2>&1"
+
+
+rule fp8_online:
+    input:
+        model_input,
+    output:
+        MODEL,
+    wildcard_constraints:
+        format=_alt(formats_with("fp8_online")),
+    log:
+        "logs/models/{model}/{format}.log",
+    benchmark:
+        "logs/bench/models/{model}/{format}.tsv"
+    conda:
+        "../../envs/bakeoff.yaml"
+    shell:
+        "bakeoff stage fp8-online --format {wildcards.format} --input {input} --out {output} > {log} 2>&1"

@@ -32,7 +32,7 @@ rule versions:
         "../../envs/bakeoff.yaml"
     shell:
         "bakeoff versions --config {input.config} {params.toolchain} --model-source {input.model_source}"
-        " --hardware-json {input.hardware} --out {output} > {log} 2>&1"
+        " --hardware-json {input.hardware} --summary {input.summary} --out {output} > {log} 2>&1"
 
 
 rule plots:

@@ -141,6 +141,13 @@ class EngineCfg(_Strict):
     port: int | None = Field(default=None, ge=1, le=65535)
     api_key: str | None = None
     startup_timeout_s: PositiveFloat = 600
+    # A Python engine's server process (vLLM): the interpreter it runs under (None: bakeoff's own) and its
+    # PYTHONPATH (os.pathsep-separated; None: inherited), e.g. python3 and the folder node.sh installed vLLM into.
+    python: str | None = None
+    pythonpath: str | None = None
+    # Where it runs on a CUDA node: auto (natively when its interpreter has a CUDA torch, else in
+    # hardware.vllm_image if one is named), native, or container (hardware.vllm_image).
+    runtime: Literal["auto", "native", "container"] = "auto"
     settings: dict[str, Any] = {}
     extra_args: list[str] = []
     toolchain: ToolchainCfg | None = None
@@ -162,9 +169,14 @@ class EngineCfg(_Strict):
         return self
 
 
+# What can be made from a synthetic model's HF side, which has no weights (its shape's config.json and tokenizer):
+# what vLLM makes of it at load (fp8_online). Checkpoint methods (fp8, fp8_dequant, gguf_convert) read weights.
+SYNTHETIC_HF_METHODS = ("fp8_online",)
+
+
 class QuantCfg(_Strict):
     kind: Literal["hf", "gguf"]
-    method: Literal["fp16", "fp8", "fp8_dequant", "gguf_convert", "gguf_quantize"]
+    method: Literal["fp16", "fp8", "fp8_online", "fp8_dequant", "gguf_convert", "gguf_quantize"]
     input: str
     scheme: str | dict[str, Any] | None = None
     ignore: list[str] = []
@@ -325,11 +337,12 @@ class Config(_Strict):
         if len(pinned) > 1:
             raise ValueError(f"engines pin different llama.cpp commits {sorted(pinned)}: one build serves them all")
         if self.model.source == "synthetic":
-            hf = [f for f in self.needed_formats() if self.formats[f].kind == "hf"]
-            if hf:
-                raise ValueError(f"model {self.model.name!r} is synthetic (an F16 GGUF of random weights): it has no "
-                                 f"HF checkpoint for formats {hf}; serve GGUF formats made from the source "
-                                 f"(formats.f16.input=source)")
+            weightless = [f for f in self.needed_formats() if self._reads_hf_weights(f)]
+            if weightless:
+                raise ValueError(f"model {self.model.name!r} is synthetic (an F16 GGUF of random weights): its HF side "
+                                 f"has no weights, only its shape's config and tokenizer (vLLM's --load-format "
+                                 f"dummy), so formats {weightless} cannot be made; HF formats of it are fp16 from "
+                                 f"the source and fp8_online, GGUF formats are made from the source")
             if self.eval.tasks:
                 raise ValueError(f"model {self.model.name!r} is synthetic: quality is not meaningful; "
                                  f"set eval.tasks=[] (eval: none)")
@@ -356,6 +369,13 @@ class Config(_Strict):
                 raise ValueError(f"engines.{engine}.settings.tensor_parallel_size={tp} exceeds hardware.gpus="
                                  f"{self.hardware.gpus} ({self.hardware.name})")
         return self
+
+    def _reads_hf_weights(self, fmt: str) -> bool:
+        """Whether making ``fmt`` reads weights of an HF checkpoint (a synthetic model's HF side has none)."""
+        q = self.formats[fmt]
+        if q.input == "source":
+            return q.kind == "hf" and q.method != "fp16"
+        return self.formats[q.input].kind == "hf" and q.method not in SYNTHETIC_HF_METHODS
 
     # Convenience views used by the Snakefile -----------------------------
     def variants(self) -> list[tuple[str, str]]:

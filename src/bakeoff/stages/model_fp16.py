@@ -38,11 +38,26 @@ def _load(source_dir: Path, source: dict):
     return model, tok
 
 
+def dummy(source_dir: Path, out_dir: Path, src: dict, fmt: str) -> None:
+    """A synthetic source's fp16: its shape as a config and tokenizer without weights (``--load-format dummy``)."""
+    from bakeoff.models.artifacts import staged_dir
+    from bakeoff.models.manifest import write_format_manifest
+    from bakeoff.models.synthetic import Shape, write_dummy_hf
+
+    shape = Shape(**src["source"]["shape"])
+    with staged_dir(out_dir) as stage:
+        info = write_dummy_hf(shape, stage, source_dir)
+        write_format_manifest(stage, src, fmt, derived_from=f"{src['format']} ({src['derived_from']})",
+                              tool={"name": "bakeoff.models.synthetic", "version": "config.json + tokenizer"}, **info)
+
+
 def convert(source_dir: Path, out_dir: Path, fmt: str = "fp16") -> None:
-    """Write ``out_dir`` as an fp16 HF checkpoint of the verified source."""
+    """Write ``out_dir`` as an fp16 HF checkpoint of the verified source (a synthetic one: without weights)."""
+    src = verify(source_dir)
+    if src["source"]["kind"] == "synthetic":
+        return dummy(source_dir, out_dir, src, fmt)
     import transformers
 
-    src = verify(source_dir)
     model, tok = _load(source_dir, src["source"])
     save_hf_format(model, tok, out_dir, src, fmt,
                    derived_from=src["derived_from"],

@@ -48,7 +48,10 @@ from pathlib import Path
 from bakeoff.errors import BakeoffError
 from bakeoff.layout import is_cell_stem
 from bakeoff.models.manifest import read_manifest, verify, write_manifest
+from bakeoff.stages import node_parts
 
+# What node.sh --prepare runs in the background (snakemake --until): the rules that need only CPUs, and their inputs.
+PREPARE_RULES = ["fetch_model", "model_fp16", "fp8_online", "convert_gguf", "quantize_gguf", "build_llamacpp"]
 # Parts of the llama.cpp tree no target of bakeoff's builds reads (paths relative to llama.cpp/).
 TRIM = ["models/*", "docs/*", "benches/*", "tests/*", "examples/*", "media/*", "ci/*",
         "ggml/src/ggml-vulkan/*", "ggml/src/ggml-sycl/*", "ggml/src/ggml-cann/*", "ggml/src/ggml-musa/*",
@@ -63,30 +66,69 @@ NOT_PACKED = ["runs/*"]
 OLD_MTIME = 946684800  # 2000-01-01: the carried source tree predates everything the node builds from it
 
 NODE_SH = r"""#!/bin/bash
-# On the GPU node, from any directory: bash <bundle>/node.sh <snakemake --config entries...>
-# Runs `snakemake node` (bakeoff's own rules) in $BAKEOFF_NODE_DIR and tars the results into $OUT.
+# On the GPU node, from any directory:
+#   bash <bundle>/node.sh [--part <dir>/part-NN ...] [--prepare] [<snakemake --config entries...>]
+# --part: keep a part of a carried payload (bakeoff node pack --vllm; <dir>/manifest.json beside it) and install
+# the payload once all its parts have come (node_parts.py); with no config entries after it, stop there.
+# --prepare: start the work that needs only CPUs (the llama.cpp build, the models) in the background and return;
+# it goes on while the node stays warm (later calls carry parts), and the next run waits for it.
+# Otherwise: run `snakemake node` (bakeoff's own rules) in $BAKEOFF_NODE_DIR and tar the results into $OUT.
 set -u
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
 B=$(cd "$(dirname "$0")" && pwd)
+PREPARE_RULES="PREPARE_RULES_HERE"
+PARTS=()
+while [ "${1:-}" = "--part" ]; do
+  [ $# -ge 2 ] || { echo "node.sh: --part needs a file" >&2; exit 4; }
+  PARTS+=("$2"); shift 2
+done
+if [ ${#PARTS[@]} -gt 0 ]; then
+  python3 "$B/node_parts.py" receive --manifest "$(dirname "${PARTS[0]}")/manifest.json" "${PARTS[@]}" || exit 4
+  [ $# -eq 0 ] && exit 0
+fi
+PREPARE=0
+[ "${1:-}" = "--prepare" ] && { PREPARE=1; shift; }
 W=${BAKEOFF_NODE_DIR:-/tmp/bakeoff-node}
 SITE=${BAKEOFF_NODE_SITE:-/tmp/bakeoff-site}
 OUT=${OUT:-$W/out}
 mkdir -p "$W" "$SITE/bin" "$OUT"
+T0=$(date +%s)
+BUDGET=${BAKEOFF_NODE_TIMEOUT_S:-540}  # this call's time for Snakemake, waiting for a background prepare included
+left() { echo $(( BUDGET - ($(date +%s) - T0) )); }
+if [ -f "$W/prepare.pid" ] && kill -0 "$(cat "$W/prepare.pid")" 2>/dev/null; then
+  [ $PREPARE = 1 ] && { echo "node.sh: already preparing (pid $(cat "$W/prepare.pid"); $W/prepare.log)"; exit 0; }
+  echo "node.sh: waiting for the background prepare (pid $(cat "$W/prepare.pid"); $W/prepare.log)"
+  while kill -0 "$(cat "$W/prepare.pid")" 2>/dev/null; do
+    if [ "$(left)" -lt 90 ]; then
+      echo "node.sh: the background prepare is still running; it goes on: call again"; tail -n 5 "$W/prepare.log"
+      exit 5
+    fi
+    sleep 5
+  done
+fi
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" "$B"/whl/*.whl \
   > "$OUT/pip.log" 2>&1 || { cat "$OUT/pip.log"; exit 3; }
 tar xzf "$B/repo.tgz" -C "$W"
 export PYTHONPATH="$W/src:$SITE" PATH="$SITE/bin:$PATH"
 printf '#!/bin/sh\nexec python3 -m bakeoff.cli "$@"\n' > "$SITE/bin/bakeoff" && chmod +x "$SITE/bin/bakeoff"
 cd "$W"
+if [ $PREPARE = 1 ]; then
+  setsid nohup timeout -k 30 "${BAKEOFF_PREPARE_TIMEOUT_S:-3000}" python3 -m snakemake node --cores all \
+    --scheduler greedy --rerun-incomplete --keep-going --config "$@" --until $PREPARE_RULES \
+    > "$W/prepare.log" 2>&1 < /dev/null &
+  echo $! > "$W/prepare.pid"
+  echo "node.sh: preparing in the background (pid $!): $PREPARE_RULES; log $W/prepare.log"
+  exit 0
+fi
 nvidia-smi > "$OUT/nvidia-smi.txt" 2>&1
-timeout -k 30 "${BAKEOFF_NODE_TIMEOUT_S:-540}" python3 -m snakemake --cores all --scheduler greedy --rerun-incomplete \
+timeout -k 30 "$(left)" python3 -m snakemake --cores all --scheduler greedy --rerun-incomplete \
   --keep-going --printshellcmds node --config "$@" > "$OUT/snakemake.log" 2>&1
 rc=$?
 echo "snakemake rc=$rc" >> "$OUT/snakemake.log"
 python3 -m bakeoff.cli node collect --out "$OUT/node-results.tgz" >> "$OUT/snakemake.log" 2>&1
 tail -n 40 "$OUT/snakemake.log"
 exit $rc
-"""
+""".replace("PREPARE_RULES_HERE", " ".join(PREPARE_RULES))
 
 
 def _git(repo: Path, *args: str) -> str:
@@ -187,6 +229,7 @@ def pack(*, repo: Path, source: Path, wheels: Path, out: Path, resume: Sequence[
         shutil.rmtree(whl, ignore_errors=True)
         shutil.copytree(wheels, whl)
     (out / "node.sh").write_text(NODE_SH)
+    shutil.copy2(Path(node_parts.__file__), out / "node_parts.py")
     return out
 
 
@@ -233,6 +276,7 @@ CELL_COLUMNS = [
     "peak_waiting_requests", "peak_running_requests", "energy_source", "weight_bytes", "engine_settings",
     "spec_hash", "started_utc", "node_id", "gpu_driver", "gpu_power_limit_w", "gpu_sm_clock_start_mhz",
     "gpu_mem_clock_start_mhz", "gpu_temp_start_c", "gpu_sm_clock_mean_mhz", "gpu_sm_clock_min_mhz",
+    "client_cpu_s", "client_cpu_share", "client_saturated", "client_saturated_reason",
 ]
 
 
@@ -294,6 +338,13 @@ def _config(c: dict) -> str:
     return f"{c['engine']} --parallel {settings['parallel']}" if settings.get("parallel") else c["engine"]
 
 
+def _saturated(c: dict) -> str:
+    """``yes: <reason>`` where the client was the ceiling of the cell, ``no`` where not, blank where not recorded."""
+    if c.get("client_saturated") is None:
+        return ""
+    return f"yes: {c.get('client_saturated_reason')}" if c["client_saturated"] else "no"
+
+
 def _num(v: float | None, f: str = ".1f") -> str:
     return format(v, f) if v is not None else "not run"
 
@@ -325,13 +376,14 @@ def format_table(cells: list[dict], kernels: list[dict], bandwidth_gbs: float) -
                      f"{roof:.1f} | {_num(served / kern if served and kern else None, '.2f')} | "
                      f"{_num(kern / roof if kern else None, '.2f')} | {' | '.join(jt)} |")
     lines += ["", "| engine | format | c | prompt | requests | status | output tok/s | median TTFT ms | "
-              "median TPOT ms (client / server) | peak waiting | KV peak % | J/token |",
-              "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+              "median TPOT ms (client / server) | peak waiting | KV peak % | J/token | client CPU s | client saturated |",
+              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for c in sorted(cells, key=lambda c: (_config(c), c["format"], int(c["prompt_len"]), int(c["concurrency"]),
                                           str(c.get("started_utc")))):
         lines.append(f"| {_config(c)} | {c['format']} | {c['concurrency']} | {c['prompt_len']} | {c.get('requests')} | "
                      f"{c.get('status')} | {_num(c.get('output_throughput'))} | {_num(c.get('median_ttft_ms'), '.0f')} | "
                      f"{_num(c.get('median_tpot_ms'), '.3f')} / {_num(c.get('server_median_tpot_ms'), '.3f')} | "
                      f"{c.get('peak_waiting_requests', '')} | {_num(c.get('kv_cache_peak_pct'))} | "
-                     f"{_num(c.get('joules_per_output_token'), '.2f')} |")
+                     f"{_num(c.get('joules_per_output_token'), '.2f')} | {_num(c.get('client_cpu_s'), '.2f')} | "
+                     f"{_saturated(c)} |")
     return "\n".join(lines) + "\n"

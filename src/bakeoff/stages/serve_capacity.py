@@ -37,7 +37,8 @@ from bakeoff.stages.serve_job import ServeJob
 
 # What a capacity row reads from the probe at capacity.
 AT_CAPACITY = ("output_throughput", "request_goodput", "joules_per_output_token", "p99_ttft_ms", "p99_tpot_ms",
-               "over_ttft_share", "over_ttft_share_ub95", "over_tpot_share", "over_tpot_share_ub95")
+               "over_ttft_share", "over_ttft_share_ub95", "over_tpot_share", "over_tpot_share_ub95",
+               "client_cpu_s", "client_cpu_share", "client_saturated")
 
 
 def capacity_hash(spec_hash: str, load: LoadCfg) -> str:
@@ -148,6 +149,10 @@ def run(job: ServeJob, session: Session, base: dict[str, Any], load: LoadCfg, to
                                     cap.rate_resolution)
                 row.update(_search_columns(opened, "rate"))
                 row["output_throughput_at_capacity_rate"] = rates.get(opened.capacity, {}).get("output_throughput")
+                at.update({f"r{r:g}": rec for r, rec in rates.items()})
+            # A probe whose client saturated measured the client as much as the server: named, never hidden.
+            row["client_saturated_probes"] = " ".join(str(rec.get("cell")) for rec in at.values()
+                                                      if rec.get("client_saturated"))
             rows.append(row)
     return {"capacity": rows, "probes": probes}
 

@@ -33,7 +33,8 @@ COLUMNS = [
     "requests", "completed", "failed", "status", "reason",
     *SUMMARY_METRICS,
     "peak_rss_bytes", "memory_source", "peak_gpu_bytes", "weight_bytes", "bits_per_weight", "n_params",
-    "startup_s", "server_start", "slot_ctx", "warmup_requests", "client_cpu_s_per_1k_tokens", "client_loop_lag_p99_ms",
+    "startup_s", "server_start", "slot_ctx", "warmup_requests",
+    "client_cpu_s", "client_cpu_s_per_1k_tokens", "client_loop_lag_p99_ms",
     *CLIENT_HEALTH_COLUMNS,
     *SERVER_METRICS,
     *[c for c in TELEMETRY_COLUMNS if c != "peak_gpu_bytes"], *FINGERPRINT_COLUMNS, *SCRAPE_COLUMNS,
@@ -54,6 +55,9 @@ CAPACITY_COLUMNS = [
     "p99_ttft_ms_at_capacity", "p99_tpot_ms_at_capacity", "output_throughput_at_capacity_rate",
     "over_ttft_share_at_capacity", "over_ttft_share_ub95_at_capacity", "over_tpot_share_at_capacity",
     "over_tpot_share_ub95_at_capacity",
+    # the client beside the server's limit: its CPU at capacity, and every probe of the search where it saturated
+    "client_cpu_s_at_capacity", "client_cpu_share_at_capacity", "client_saturated_at_capacity",
+    "client_saturated_probes",
 ]
 
 
