@@ -56,11 +56,6 @@ if CFG.site.cache_dir:
     os.environ.setdefault(CACHE_DIR_VAR, os.path.expanduser(CFG.site.cache_dir))
 
 
-# One comparison, one node: an experiment's serving jobs (chained by their order inputs) form one Snakemake
-# group, which a cluster executor submits as one job, so every variant is measured in one allocation.
-SERVE_GROUP = "serve"
-
-
 # Pinned environment per role (envs/), used with --sdm conda on a cluster.
 LLAMACPP_ENV = f"../../envs/{CFG.hardware.toolchain_env}"
 # The build waits for the doctor: on CUDA the doctor refuses a driver older than that environment's CUDA

@@ -18,8 +18,6 @@ rule serve_block:
         toolchain=toolchain_arg,
     threads: workflow.cores
     priority: 5
-    group:
-        SERVE_GROUP
     resources:
         **GPU_RESOURCES,
     log:
@@ -45,8 +43,6 @@ rule serve_load:
         toolchain=toolchain_arg,
     threads: workflow.cores
     priority: 5
-    group:
-        SERVE_GROUP
     resources:
         **GPU_RESOURCES,
     log:

@@ -254,6 +254,8 @@ CLIENT = _mixed(
     "The load generator's verdict on itself: was the client the bottleneck? `client_` columns describe the "
     "client, not the server; `_share` is a fraction of one core (0-1).",
     [
+        ("client_cpu_s", S, "Client CPU seconds over the measured window (beside each GPU cell: is the client "
+         "the ceiling?).", "bakeoff.loadgen.runner"),
         ("client_cpu_s_per_1k_tokens", S, "Client CPU seconds per 1000 streamed output tokens.",
          "bakeoff.loadgen.runner"),
         ("client_loop_lag_p99_ms", MS, "99th percentile of the client's event-loop lag.", "bakeoff.loadgen.runner"),
@@ -501,6 +503,11 @@ CAPACITY_SEARCH = _family(
         ("p99_ttft_ms_at_capacity", MS, "`p99_ttft_ms` of that probe."),
         ("p99_tpot_ms_at_capacity", MS, "`p99_tpot_ms` of that probe."),
         ("output_throughput_at_capacity_rate", TOK_S, "`output_throughput` of the probe at `capacity_rate`."),
+        ("client_cpu_s_at_capacity", S, "`client_cpu_s` of the probe at capacity."),
+        ("client_cpu_share_at_capacity", FRACTION, "`client_cpu_share` of the probe at capacity."),
+        ("client_saturated_at_capacity", "bool", "`client_saturated` of the probe at capacity."),
+        ("client_saturated_probes", "", "Every probe of the search (cell names) whose client saturated: there the "
+         "client was measured as much as the server."),
         ("over_ttft_share_at_capacity", FRACTION, "`over_ttft_share` of the probe at capacity."),
         ("over_ttft_share_ub95_at_capacity", FRACTION, "`over_ttft_share_ub95` of the probe at capacity."),
         ("over_tpot_share_at_capacity", FRACTION, "`over_tpot_share` of the probe at capacity."),
