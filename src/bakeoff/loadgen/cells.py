@@ -48,7 +48,7 @@ def requests_for(load: LoadCfg, concurrency: int) -> int:
 
 
 def warmup_for(load: LoadCfg, concurrency: int, slots: int | None = None) -> int:
-    """Uncounted warm-up requests of a cell, sent at its concurrency: enough to touch every slot it uses, and
+    """Uncounted warm-up requests of a cell, sent all at once: enough to touch every slot it uses, and
     every one of the server's ``slots`` where it has fixed ones (a c=1 cell on 4 llama.cpp slots uses all 4)."""
     return max(load.warmup_requests, load.warmup_per_slot * max(concurrency, slots or 0))
 
@@ -56,7 +56,7 @@ def warmup_for(load: LoadCfg, concurrency: int, slots: int | None = None) -> int
 def cell_note(load: LoadCfg, concurrency: int, slots: int | None = None) -> str:
     """What a cell's load did beyond the configured defaults, for its ``load_note``: warm-up, request count."""
     n, w = requests_for(load, concurrency), warmup_for(load, concurrency, slots)
-    parts = [f"warm-up: {w} requests at concurrency {concurrency}, uncounted"]
+    parts = [f"warm-up: {w} requests at concurrency {max(concurrency, w)}, uncounted"]
     if concurrency in load.num_requests_by_concurrency:
         parts.append(f"{n} requests at c={concurrency} (load.num_requests_by_concurrency)")
     waves, tail = divmod(n, concurrency)

@@ -53,6 +53,7 @@ async def run_cell_async(
     concurrency: int,
     request_rate: float | None = None,
     warmup_prompts: list[str] | None = None,
+    warmup_concurrency: int | None = None,
     temperature: float = 0.0,
     api_key: str | None = None,
     timeout_s: float = 600.0,
@@ -80,9 +81,10 @@ async def run_cell_async(
     connector = aiohttp.TCPConnector(limit=0, force_close=True)
     timeout = aiohttp.ClientTimeout(total=timeout_s)
     async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
-        # Warm-up: not counted, run at the cell's concurrency so every slot is touched.
+        # Warm-up: not counted, at the cell's concurrency, or at ``warmup_concurrency`` where that is higher (one
+        # warm-up per fixed server slot, all at once: each lands on its own idle slot).
         if warmup_prompts:
-            sem = asyncio.Semaphore(concurrency)
+            sem = asyncio.Semaphore(max(concurrency, warmup_concurrency or 0))
 
             async def warm(p: str, i: int) -> None:
                 async with sem:

@@ -59,7 +59,8 @@ def measure(job: ServeJob, session: Session, base: dict, load: LoadCfg, tokenize
         t_cell = time.time()
         res = run_cell(base_url=engine.base_url, model=base["model"], prompts=measured,
                        prompt_len=cell.prompt_len, output_len=load.output_len, concurrency=cell.concurrency,
-                       request_rate=request_rate, warmup_prompts=warm, temperature=load.temperature,
+                       request_rate=request_rate, warmup_prompts=warm, warmup_concurrency=n_warm,
+                       temperature=load.temperature,
                        api_key=engine.spec.engine.api_key, seed=seed, count_tokens=count_tokens,
                        label=f"{base['engine']}-{base['format']} {cell.name}", show_progress=job.show_progress,
                        on_measure_start=window.start, on_measure_end=window.stop, stop_when=stop_when)
