@@ -71,7 +71,6 @@ NOT_CARRIED: dict[str, str] = {
     "flashinfer-python": "FlashInfer (JIT kernels, hundreds of MB with its cubins): vLLM's attention on Hopper is "
                          "FlashAttention 3; its sampler is told VLLM_USE_FLASHINFER_SAMPLER=0",
     "flashinfer-cubin": "FlashInfer's prebuilt kernels: FlashInfer is not carried",
-    "apache-tvm-ffi": "FlashInfer's and TileLang's FFI: neither is carried",
     "tilelang": "TileLang kernels for sparse attention (DeepSeek V3.2): not on this dense Llama path",
     "nvidia-cutlass-dsl": "CUTLASS Python DSL (over 100 MB) for Blackwell and FlashAttention 4 kernels: not on Hopper's FA3 path",
     "quack-kernels": "CuTe-DSL kernels over nvidia-cutlass-dsl: not carried with it",
@@ -79,6 +78,14 @@ NOT_CARRIED: dict[str, str] = {
     "humming-kernels": "mixed-precision GEMM kernels for low-bit checkpoints: --quantization fp8 does not use them",
     "nvidia-cudnn-frontend": "cuDNN's Python frontend, used by FlashInfer's cuDNN paths: FlashInfer is not carried",
     "fastsafetensors": "GPU-direct safetensors loading: --load-format dummy reads no weights",
+}
+
+
+# Versions narrowed beyond what the requirements say, with why: the newest wheel a requirement admits can need
+# something another requirement pins out (chosen first, it would make the closure unsatisfiable).
+CONSTRAINTS: dict[str, tuple[str, str]] = {
+    "xgrammar": ("<=0.2.2", "vLLM 0.24.0 pins apache-tvm-ffi==0.1.9; xgrammar 0.2.6 and later need apache-tvm-ffi>=0.1.10 "
+                            "(seen on the node: `import xgrammar` failed without tvm_ffi)"),
 }
 
 
@@ -201,6 +208,9 @@ def collect_wheels(top: str, dest: Path, node: dict[str, str | None] | None = No
                 out.on_node.setdefault(name, str(req))
                 continue
             out.required_by.setdefault(name, []).append(by)
+            if name not in merged and name in CONSTRAINTS:
+                merged[name] = SpecifierSet(CONSTRAINTS[name][0])
+                out.required_by.setdefault(name, []).append(f"constraint {CONSTRAINTS[name][0]}: {CONSTRAINTS[name][1]}")
             spec = req.specifier if name not in merged else merged[name] & req.specifier
             merged[name] = spec
             extras = set(req.extras) | (set(wanted[name].extras) if name in wanted else set())
