@@ -98,6 +98,24 @@ def test_closure_chooses_again_when_a_later_requirement_excludes_the_first_choic
         collect_wheels("vllm==0.28.0", cache, node=NODE, not_carried=NOT_CARRIED, fetch=False, mismatch_ok={})
 
 
+def test_a_constraint_holds_a_package_back_where_its_newest_wheel_needs_what_another_pins_out(cache: Path):
+    """vLLM 0.24.0 pins apache-tvm-ffi==0.1.9; the newest xgrammar it admits needs tvm-ffi>=0.1.11."""
+    wheel(cache, "vllm", "0.29.0", ["tvm-ffi==0.1.9", "xgram>=0.2.1"])
+    wheel(cache, "xgram", "0.2.9", ["tvm-ffi>=0.1.11"])
+    wheel(cache, "xgram", "0.2.2", ["tvm-ffi>=0.1.9"])
+    wheel(cache, "tvm-ffi", "0.1.9")
+    wheel(cache, "tvm-ffi", "0.1.11")
+    with pytest.raises(BakeoffError, match=r"tvm-ffi"):
+        collect_wheels("vllm==0.29.0", cache, node=NODE, not_carried=NOT_CARRIED, fetch=False, mismatch_ok={},
+                       constraints={})
+    held = {"xgram": ("<=0.2.2", "its 0.2.6+ need tvm-ffi>=0.1.10")}
+    c = collect_wheels("vllm==0.29.0", cache, node=NODE, not_carried=NOT_CARRIED, fetch=False, mismatch_ok={},
+                       constraints=held)
+    assert c.wheels["xgram"].name == "xgram-0.2.2-py3-none-any.whl"
+    assert c.wheels["tvm-ffi"].name == "tvm_ffi-0.1.9-py3-none-any.whl"
+    assert any(r.startswith("constraint <=0.2.2") for r in c.required_by["xgram"])
+
+
 def test_closure_names_what_is_missing_offline(cache: Path):
     wheel(cache, "vllm", "0.26.0", ["nothere>=1"])
     with pytest.raises(BakeoffError, match="nothere>=1"):

@@ -164,12 +164,15 @@ def download(reqs: list[str], dest: Path) -> None:
 
 def collect_wheels(top: str, dest: Path, node: dict[str, str | None] | None = None,
                    not_carried: dict[str, str] | None = None, fetch: bool = True,
-                   mismatch_ok: dict[str, str] | None = None) -> Closure:
+                   mismatch_ok: dict[str, str] | None = None,
+                   constraints: dict[str, tuple[str, str]] | None = None) -> Closure:
     """Follow ``top`` (e.g. ``vllm==0.24.0``) through its requirements; wheels the node lacks land in ``dest``.
 
     Breadth first: each round downloads the new requirements in one pip call (``fetch=False``: only wheels
     already in ``dest``). A requirement the node holds is not carried; where the node's version is recorded
-    and the requirement excludes it, that is an error unless ``mismatch_ok`` accepts it. One in
+    and the requirement excludes it, that is an error unless ``mismatch_ok`` accepts it. ``constraints`` narrow a
+    package's versions before any is chosen (``CONSTRAINTS``: where the newest admitted wheel would need what
+    another requirement pins out). One in
     ``not_carried`` is recorded with its reason. A wheel chosen before a later requirement excluded it is
     chosen again under all of them; none satisfying all is an error naming them.
     """
@@ -182,6 +185,7 @@ def collect_wheels(top: str, dest: Path, node: dict[str, str | None] | None = No
     node = node_packages() if node is None else node
     not_carried = NOT_CARRIED if not_carried is None else not_carried
     mismatch_ok = NODE_MISMATCH_OK if mismatch_ok is None else mismatch_ok
+    constraints = CONSTRAINTS if constraints is None else constraints
     dest.mkdir(parents=True, exist_ok=True)
     env = {**default_environment(), **MARKER_ENV}
     out = Closure()
@@ -208,9 +212,9 @@ def collect_wheels(top: str, dest: Path, node: dict[str, str | None] | None = No
                 out.on_node.setdefault(name, str(req))
                 continue
             out.required_by.setdefault(name, []).append(by)
-            if name not in merged and name in CONSTRAINTS:
-                merged[name] = SpecifierSet(CONSTRAINTS[name][0])
-                out.required_by.setdefault(name, []).append(f"constraint {CONSTRAINTS[name][0]}: {CONSTRAINTS[name][1]}")
+            if name not in merged and name in constraints:
+                merged[name] = SpecifierSet(constraints[name][0])
+                out.required_by.setdefault(name, []).append(f"constraint {constraints[name][0]}: {constraints[name][1]}")
             spec = req.specifier if name not in merged else merged[name] & req.specifier
             merged[name] = spec
             extras = set(req.extras) | (set(wanted[name].extras) if name in wanted else set())
