@@ -40,6 +40,20 @@ def test_the_summary_refuses_variants_of_another_config_and_names_them(tmp_path:
     assert "llamacpp-q4_k_m (made under no recorded config" in msg and "llamacpp-f16" not in msg
 
 
+def test_a_fresh_working_directory_plans_every_variant_with_its_spec(tmp_path: Path) -> None:
+    """No .snakemake/ yet (a fresh clone): every serving job's spec exists before Snakemake lists its folder.
+
+    Snakemake caches a folder's listing, so a spec written by an input function after that listing read as a
+    missing input for every variant but the first."""
+    run = Pipeline(results_root(tmp_path))
+    last = "results/raw/smoke/smollm2-135m/llamacpp-q4_k_m/cells.json"  # its order edges pull in the variants before it
+    plan = run.snakemake("-n", "--forceall", "--cores", "1", "--config", "experiment=smoke", "--", last).stdout
+    served = {Path(f["output"].split()[0]).parent.name for rule, f in planned_jobs(plan) if rule == "serve_load"}
+    assert served >= {"llamacpp-q8_0", "llamacpp-q4_k_m", "vllm-fp16", "vllm-fp8"}, plan[-3000:]
+    specs = list((tmp_path / ".snakemake" / "bakeoff-specs").glob("*.json"))
+    assert {json.loads(s.read_text()).get("engine_name") for s in specs} >= {"llamacpp", "vllm"}
+
+
 @pytest.mark.slow
 def test_a_load_change_re_measures_every_variant_even_without_snakemakes_records(pipeline: Pipeline,
                                                                                    tmp_path: Path) -> None:

@@ -207,9 +207,13 @@ def wildcard_slot(wildcards):
 
 def made_under_current_config(wildcards):
     """This serving job's output exists and records the experiment's current config hash."""
-    out = Path(slot_output(wildcards.experiment, wildcard_slot(wildcards)))
+    return slot_made_under_current_config(wildcards.experiment, wildcard_slot(wildcards))
+
+
+def slot_made_under_current_config(experiment, slot):
+    out = Path(slot_output(experiment, slot))
     try:
-        return json.loads(out.read_text()).get("config_hash") == POINTS[wildcards.experiment].hash
+        return json.loads(out.read_text()).get("config_hash") == POINTS[experiment].hash
     except (OSError, ValueError):
         return False
 
@@ -224,13 +228,10 @@ def serve_inputs(wildcards):
                       else MODEL.format(model=wildcards.model, format="fp16")),
     }
     # The job's config slice: a file named by its hash, so a config change is a new, newer input and the job
-    # re-runs even where Snakemake kept no params record of its outputs.
+    # re-runs even where Snakemake kept no params record of its outputs (written at parse time, SERVE_SPECS).
     inputs["spec"] = serve_spec(wildcards).removeprefix("@")
-    current = made_under_current_config(wildcards)
-    if not current and Path(slot_output(wildcards.experiment, wildcard_slot(wildcards))).exists():
-        os.utime(inputs["spec"])  # outputs of another config (e.g. one switched back to): newer than them now
     prev = previous(SCHEDULES[wildcards.experiment], wildcard_slot(wildcards))
-    if prev is not None and not current:
+    if prev is not None and not made_under_current_config(wildcards):
         # Order only, and only for a job that will run: a finished variant has no edge to its predecessor, so
         # re-making the predecessor never re-runs it.
         inputs["after"] = slot_output(wildcards.experiment, prev)
@@ -259,12 +260,12 @@ def doctor_spec(wildcards):
                                 sort_keys=True))
 
 
-def serve_spec(wildcards):
+def serve_spec_text(experiment, slot):
     """The config slice a variant's results depend on (a change re-runs it)."""
-    cfg = POINTS[wildcards.experiment].cfg
-    return spec_file(json.dumps({
-        "engine_name": wildcards.engine,
-        "engine": cfg.engines[wildcards.engine].model_dump(mode="json"),
+    cfg = POINTS[experiment].cfg
+    return json.dumps({
+        "engine_name": slot.engine,
+        "engine": cfg.engines[slot.engine].model_dump(mode="json"),
         "hardware": cfg.hardware.model_dump(mode="json"),
         "doctor": cfg.doctor.model_dump(mode="json"),
         "load": cfg.load.model_dump(mode="json"),
@@ -272,10 +273,35 @@ def serve_spec(wildcards):
         "model": cfg.model.name,
         "model_source": cfg.model.source,
         "eval": cfg.eval.model_dump(mode="json"),
-        "block": wildcard_slot(wildcards).block,
-        "order": wildcard_slot(wildcards).order,
-        "config_hash": POINTS[wildcards.experiment].hash,
-    }, sort_keys=True))
+        "block": slot.block,
+        "order": slot.order,
+        "config_hash": POINTS[experiment].hash,
+    }, sort_keys=True)
+
+
+def write_serve_specs():
+    """Every serving job's spec file, written before Snakemake looks at any input.
+
+    Snakemake lists a directory once and caches what it found (existence and mtime), so a file written or
+    touched by an input function after that listing reads as missing or old. Here, at parse time, each spec
+    is written, and the spec of an output made under another config (e.g. one switched back to) is touched
+    so that it is newer than that output and the job re-runs."""
+    specs = {}
+    for experiment, slots in SCHEDULES.items():
+        for slot in slots:
+            path = spec_file(serve_spec_text(experiment, slot)).removeprefix("@")
+            if Path(slot_output(experiment, slot)).exists() and not slot_made_under_current_config(experiment, slot):
+                os.utime(path)
+            specs[experiment, slot] = f"@{path}"
+    return specs
+
+
+def serve_spec(wildcards):
+    """``@path`` of this serving job's spec (SERVE_SPECS)."""
+    return SERVE_SPECS[wildcards.experiment, wildcard_slot(wildcards)]
+
+
+SERVE_SPECS = write_serve_specs()
 
 
 def toolchain_arg(wildcards, input):
