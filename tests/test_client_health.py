@@ -42,7 +42,10 @@ def test_verdict_names_each_threshold_it_passed() -> None:
 
 @pytest.fixture(scope="module")
 def llama(gguf_models: Path) -> dict:
-    return dict(cfg=load_config([]), models=gguf_models, toolchain=next((ROOT / "build" / "llamacpp").glob("*-cpu")))
+    cfg = load_config([])
+    # The tests' own loads, not the default experiment's llama.cpp override of them (engines.llamacpp.load).
+    cfg.engines["llamacpp"] = cfg.engines["llamacpp"].model_copy(update={"load": {}})
+    return dict(cfg=cfg, models=gguf_models, toolchain=next((ROOT / "build" / "llamacpp").glob("*-cpu")))
 
 
 @pytest.fixture

@@ -43,6 +43,13 @@ EXECUTOR_SETTINGS = {"slurm-status-command": "squeue", "slurm-init-seconds-befor
                      "slurm-keep-successful-logs": True}
 SHARED = ("Snakefile", "workflow", "conf", "data", "envs")
 RUN_TIMEOUT = 1500
+# The profile's groups (rule=group): a group's jobs go to Slurm as one job, commented rule_<group>_<rules>.
+GROUPS = dict(g.split("=", 1) for g in yaml.safe_load(PROFILE.read_text()).get("groups", []))
+
+
+def is_job_of(comment: str, rule: str) -> bool:
+    """Whether a Slurm job's comment is that of ``rule``'s job, or of the group job that holds it."""
+    return comment.startswith((f"rule_{rule}_", f"rule_{GROUPS[rule]}_") if rule in GROUPS else f"rule_{rule}_")
 
 
 def cluster_profile(partition: str, dest: Path) -> Path:
@@ -137,7 +144,7 @@ def _run_and_cancel(cluster: SlurmCluster, cwd: Path, env: dict[str, str], profi
         while proc.poll() is None and time.monotonic() < deadline:
             if not cancelled:
                 running = [i for i, state, comment in cluster.queue()
-                           if state == "RUNNING" and comment.startswith(f"rule_{CANCEL}_")]
+                           if state == "RUNNING" and is_job_of(comment, CANCEL)]
                 if running and SERVER_LOG in {p.name for p in cwd.glob(f"results/raw/ci/*/{SERVED}/*")}:
                     cluster.run("scancel", running[0])
                     cancelled = running[0]
@@ -188,14 +195,32 @@ def _comment(job: dict[str, str]) -> str:
     return job.get("Comment", "").strip()
 
 
+def planned_of(run: ClusterRun, job: dict[str, str]) -> PlannedJob | None:
+    """The planned job a Slurm job ran: by its comment, or for a group job the one planned job of its group
+    (this run serves one variant, so the serving group holds one job)."""
+    comment = _comment(job)
+    if comment in run.planned:
+        return run.planned[comment]
+    grouped = [p for p in run.planned.values() if p.rule in GROUPS and comment.startswith(f"rule_{GROUPS[p.rule]}_")]
+    return grouped[0] if len(grouped) == 1 else None
+
+
+def slurm_log_dir(job: dict[str, str], planned: PlannedJob) -> str:
+    """The plugin's log folder: rule_<rule>, or group_<group>_<rules> for a group job."""
+    comment = _comment(job)
+    return f"rule_{planned.rule}" if comment == planned.comment else f"group_{comment.removeprefix('rule_')}"
+
+
 def test_every_job_completed_with_the_cpus_and_memory_it_requested(cluster_run: ClusterRun) -> None:
     records = [r for r in cluster_run.cluster.records() if r["JobId"] != cluster_run.cancelled]
     submitted = set()
     for record in records:
         job = cluster_run.jobs[record["JobId"]]
-        planned = cluster_run.planned.get(_comment(job))
+        planned = planned_of(cluster_run, job)
         assert planned, f"Slurm job {record['JobId']} ({_comment(job)}) is no job of the plan"
         submitted.add(planned.rule)
+        if planned.rule in GROUPS:  # the profile's grouping reached Slurm: the serving job ran as its group's job
+            assert _comment(job).startswith(f"rule_{GROUPS[planned.rule]}_"), _comment(job)
         want = planned.resources
         got = tres(record)
         assert record["JobState"] == "COMPLETED", (record["JobId"], planned.comment, record["JobState"], record["ExitCode"])
@@ -222,7 +247,8 @@ def test_no_job_used_more_memory_than_slurm_gave_it(cluster_run: ClusterRun) -> 
     checked = 0
     for record in cluster_run.cluster.records():
         job = cluster_run.jobs[record["JobId"]]
-        planned = cluster_run.planned[_comment(job)]
+        planned = planned_of(cluster_run, job)
+        assert planned, _comment(job)
         bench = planned.fields.get("benchmark")
         if not bench or record["JobId"] == cluster_run.cancelled:
             continue
@@ -269,10 +295,11 @@ def test_job_records_show_the_log_paths_the_rules_declare(cluster_run: ClusterRu
     """Each job's record names its Slurm log (StdOut); that log names the rule's declared log, which exists."""
     for record in cluster_run.cluster.records():
         job = cluster_run.jobs[record["JobId"]]
-        planned = cluster_run.planned[_comment(job)]
+        planned = planned_of(cluster_run, job)
+        assert planned, _comment(job)
         assert record["WorkDir"] == str(cluster_run.root), record
         stdout = Path(job["StdOut"])
-        assert stdout.is_relative_to(cluster_run.root / ".snakemake" / "slurm_logs" / f"rule_{planned.rule}"), stdout
+        assert stdout.is_relative_to(cluster_run.root / ".snakemake" / "slurm_logs" / slurm_log_dir(job, planned)), stdout
         assert stdout.name == f"{record['JobId']}.log" and stdout.exists(), stdout
         declared = planned.fields["log"]
         assert f"log: {declared}" in stdout.read_text(), (stdout, declared)

@@ -88,7 +88,9 @@ def _llama_variant(models: Path, tmp_path: Path) -> dict:
     cfg = load_config([])
     model_dir = tmp_path / "q4_k_m"
     shutil.copytree(models / "q4_k_m", model_dir)  # a unique path, to find this test's server
-    return dict(engine_cfg=cfg.engines["llamacpp"], hardware=cfg.hardware, experiment="t", model="smollm2-135m",
+    # The test's own load, not the default experiment's llama.cpp override of it (engines.llamacpp.load).
+    engine_cfg = cfg.engines["llamacpp"].model_copy(update={"load": {}})
+    return dict(engine_cfg=engine_cfg, hardware=cfg.hardware, experiment="t", model="smollm2-135m",
                 fmt="q4_k_m", engine_name="llamacpp", model_dir=model_dir, tokenizer_dir=models / "fp16",
                 toolchain_dir=next((ROOT / "build" / "llamacpp").glob("*-cpu")), show_progress=False)
 

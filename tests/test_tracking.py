@@ -54,8 +54,10 @@ def test_every_cell_is_a_child_run_with_its_metrics(tracked: dict) -> None:
             assert arts == [f"requests/c{row['concurrency']}-p{row['prompt_len']}.jsonl"]
         # every numeric summary column is a metric (generic: columns added later are logged too)
         for k, v in row.items():
-            if k not in ("concurrency",) and re.fullmatch(r"-?\d+(\.\d+)?(e[-+]?\d+)?", v or "") and k != "repeat":
+            if k not in ("concurrency", "schema_version") and re.fullmatch(r"-?\d+(\.\d+)?(e[-+]?\d+)?", v or "") \
+                    and k != "repeat":
                 assert k in run.data.metrics, k
+        assert run.data.tags["schema_version"] == row["schema_version"]  # which dictionary: a tag, not a measure
         p = run.data.params
         assert p["cell.engine"] == row["engine"] and p["cell.format"] == row["format"]
         assert p["load.output_len"] == row["output_len"]

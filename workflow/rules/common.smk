@@ -279,19 +279,27 @@ def serve_spec_text(experiment, slot):
     }, sort_keys=True)
 
 
-def write_serve_specs():
-    """Every serving job's spec file, written before Snakemake looks at any input.
+def aligned_spec(text, output, current):
+    """Path of the spec file holding ``text``, an input of the job making ``output``, dated to decide it.
 
-    Snakemake lists a directory once and caches what it found (existence and mtime), so a file written or
-    touched by an input function after that listing reads as missing or old. Here, at parse time, each spec
-    is written, and the spec of an output made under another config (e.g. one switched back to) is touched
-    so that it is newer than that output and the job re-runs."""
+    Snakemake lists a folder once and caches what it found (existence and mtime), so specs are written and
+    dated here, at parse time, never by an input function. An output made under this config (``current``):
+    its spec is dated 1970, so a spec written anew (a fresh clone, a copied results/) re-runs nothing. An output
+    of another config (e.g. one switched back to): its spec is dated now, newer than the output, so the job
+    re-runs. No output yet: the job runs anyway."""
+    path = spec_file(text).removeprefix("@")
+    if Path(output).exists():
+        os.utime(path, (0, 0) if current else None)
+    return path
+
+
+def write_serve_specs():
+    """Every serving job's spec file (aligned_spec), by (experiment, schedule slot)."""
     specs = {}
     for experiment, slots in SCHEDULES.items():
         for slot in slots:
-            path = spec_file(serve_spec_text(experiment, slot)).removeprefix("@")
-            if Path(slot_output(experiment, slot)).exists() and not slot_made_under_current_config(experiment, slot):
-                os.utime(path)
+            path = aligned_spec(serve_spec_text(experiment, slot), slot_output(experiment, slot),
+                                slot_made_under_current_config(experiment, slot))
             specs[experiment, slot] = f"@{path}"
     return specs
 
@@ -302,6 +310,21 @@ def serve_spec(wildcards):
 
 
 SERVE_SPECS = write_serve_specs()
+
+
+def points_made_under_current_config():
+    """results/config.json exists and records every point with its current config hash."""
+    try:
+        made = json.loads(Path(POINTS_FILE).read_text())
+        return {n: v.get("config_hash") for n, v in made.items()} == {n: p.hash for n, p in POINTS.items()}
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
+# The points rule's input: its params as a file, so a config change re-writes results/config.json even where
+# Snakemake kept no params record of it (results/ copied, a node's results unpacked).
+POINTS_SPEC = aligned_spec(json.dumps({"smk_config": config, "hashes": POINT_HASHES}, sort_keys=True), POINTS_FILE,
+                           points_made_under_current_config())
 
 
 def toolchain_arg(wildcards, input):

@@ -5,6 +5,8 @@ report: "../report/workflow.rst"
 
 
 rule points:
+    input:
+        spec=POINTS_SPEC,
     output:
         POINTS_FILE,
     params:

@@ -197,7 +197,8 @@ def log_invocation(*, summary: Path, config_json: Path, versions_json: Path, cel
                 tags = {**base_tags, "mlflow.parentRunId": pid, "bakeoff.role": "cell", "engine": r["engine"],
                         "format": r["format"], "engine_version": r.get("engine_version", ""), "status": r.get("status", ""),
                         "reason": r.get("reason", "")[:5000], "experiment": r["experiment"],
-                        "config_hash": r.get("config_hash") or base_tags["config_hash"]}
+                        "config_hash": r.get("config_hash") or base_tags["config_hash"],
+                        "schema_version": r.get("schema_version", "")}
                 d = variant_dirs.get(row_variant_key(r))
                 cell_json = d / f"{row_cell_name(r)}.json" if d is not None else None
                 record = json.loads(cell_json.read_text()) if cell_json is not None and cell_json.is_file() else {}
