@@ -15,10 +15,11 @@ from pathlib import Path
 
 import pytest
 
+from bakeoff.config.sweep import points_from_snakemake
 from bakeoff.errors import BakeoffError
 from bakeoff.stages.summary import rows
 
-from conftest import EXPERIMENT, Pipeline, planned_jobs, results_root
+from conftest import EXPERIMENT, ROOT, Pipeline, planned_jobs, results_root
 
 
 def _index(path: Path, fmt: str, config_hash: str | None) -> Path:
@@ -52,6 +53,26 @@ def test_a_fresh_working_directory_plans_every_variant_with_its_spec(tmp_path: P
     assert served >= {"llamacpp-q8_0", "llamacpp-q4_k_m", "vllm-fp16", "vllm-fp8"}, plan[-3000:]
     specs = list((tmp_path / ".snakemake" / "bakeoff-specs").glob("*.json"))
     assert {json.loads(s.read_text()).get("engine_name") for s in specs} >= {"llamacpp", "vllm"}
+
+
+def test_a_spec_is_dated_by_the_config_its_output_was_made_under(tmp_path: Path) -> None:
+    """A serving job's spec, written anew (fresh clone, copied results/), re-runs nothing where the output was made
+    under the current config (dated 1970), and re-runs it where the output is of another config (dated now)."""
+    run = Pipeline(results_root(tmp_path))
+    (point,) = points_from_snakemake({"experiment": "smoke"}, conf_dir=ROOT / "conf")
+    cells = Path("results/raw/smoke/smollm2-135m/llamacpp-q4_k_m/cells.json")
+
+    def spec_mtime(made_under: str) -> float:
+        (run.root / cells).parent.mkdir(parents=True, exist_ok=True)
+        (run.root / cells).write_text(json.dumps({"config_hash": made_under, "cells": []}))
+        run.snakemake("-n", "--cores", "1", "--config", "experiment=smoke", "--", str(cells))
+        specs = [json.loads(f.read_text()) | {"path": f} for f in (run.root / ".snakemake" / "bakeoff-specs").glob("*.json")]
+        (spec,) = [d["path"] for d in specs if (d.get("engine_name"), d.get("format")) == ("llamacpp", "q4_k_m")]
+        return spec.stat().st_mtime
+
+    assert spec_mtime(point.hash) == 0
+    assert spec_mtime("another") >= (run.root / cells).stat().st_mtime
+    assert spec_mtime(point.hash) == 0  # switched back: the same spec file, dated old again
 
 
 @pytest.mark.slow

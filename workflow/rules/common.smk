@@ -265,6 +265,7 @@ def serve_spec_text(experiment, slot):
     cfg = POINTS[experiment].cfg
     return json.dumps({
         "engine_name": slot.engine,
+        "format": slot.format,
         "engine": cfg.engines[slot.engine].model_dump(mode="json"),
         "hardware": cfg.hardware.model_dump(mode="json"),
         "doctor": cfg.doctor.model_dump(mode="json"),
