@@ -34,7 +34,7 @@ def variant_repeats(cfg, engine, fmt):
 
 
 # Each sweep point's server starts, in order: every variant once per block, shuffled by load.block_seed
-# (bakeoff.loadgen.blocks). Each serving job that will run waits for the one before it (serve_inputs).
+# (bakeoff.loadgen.blocks). Each serving job waits for the one before it (serve_inputs).
 SCHEDULES = {
     name: schedule(p.cfg.variants(), [variant_repeats(p.cfg, e, f) for e, f in p.cfg.variants()], p.cfg.load.block_seed)
     for name, p in POINTS.items()
@@ -205,12 +205,8 @@ def wildcard_slot(wildcards):
     return slot_of(SCHEDULES[exp], e, f, block)
 
 
-def made_under_current_config(wildcards):
-    """This serving job's output exists and records the experiment's current config hash."""
-    return slot_made_under_current_config(wildcards.experiment, wildcard_slot(wildcards))
-
-
 def slot_made_under_current_config(experiment, slot):
+    """This schedule slot's output exists and records the experiment's current config hash."""
     out = Path(slot_output(experiment, slot))
     try:
         return json.loads(out.read_text()).get("config_hash") == POINTS[experiment].hash
@@ -231,10 +227,10 @@ def serve_inputs(wildcards):
     # re-runs even where Snakemake kept no params record of its outputs (written at parse time, SERVE_SPECS).
     inputs["spec"] = serve_spec(wildcards).removeprefix("@")
     prev = previous(SCHEDULES[wildcards.experiment], wildcard_slot(wildcards))
-    if prev is not None and not made_under_current_config(wildcards):
-        # Order only, and only for a job that will run: a finished variant has no edge to its predecessor, so
-        # re-making the predecessor never re-runs it.
-        inputs["after"] = slot_output(wildcards.experiment, prev)
+    if prev is not None:
+        # Order only: ancient, so a predecessor re-made never re-runs a finished variant; always there, so the
+        # job's set of inputs (which Snakemake records and compares) is the same before and after it ran.
+        inputs["after"] = ancient(slot_output(wildcards.experiment, prev))
     if gpu_check_format() is not None:  # a card with ECC history is benchmarked alone before any server
         inputs["gpu_check"] = ancient(GPU_CHECK)
     engine = CFG.engines[wildcards.engine]

@@ -483,7 +483,8 @@ CAPACITY_SEARCH = _family(
          "failed)."),
         ("concurrency_converged", "bool", "The concurrency search bracketed its capacity to adjacent values."),
         ("concurrency_at_limit", "bool", "The highest concurrency allowed passed: capacity is at least this."),
-        ("concurrency_probes", COUNT, "Probes the concurrency search ran."),
+        ("concurrency_probes", COUNT, "Probes the concurrency search ran, not counting the boundary re-checks "
+                                       "(`concurrency_recheck`)."),
         ("binding_concurrency", "", "The bound the lowest failing concurrency probe exceeded (`ttft`, `tpot`, "
          "`failed`)."),
         ("concurrency_seeded", "JSON", "The bracket taken from the variant's fixed cells: `{\"pass\": c, "
