@@ -228,9 +228,12 @@ def serve_inputs(wildcards):
     inputs["spec"] = serve_spec(wildcards).removeprefix("@")
     prev = previous(SCHEDULES[wildcards.experiment], wildcard_slot(wildcards))
     if prev is not None:
-        # Order only: ancient, so a predecessor re-made never re-runs a finished variant; always there, so the
-        # job's set of inputs (which Snakemake records and compares) is the same before and after it ran.
-        inputs["after"] = ancient(slot_output(wildcards.experiment, prev))
+        # The order: always there, so the job's set of inputs (which Snakemake records and compares) is the same
+        # before and after it ran. Not ancient: Snakemake skips its own checks (a changed spec) for a job
+        # downstream of one that re-runs, and an ancient edge would then hide them. So a re-made predecessor
+        # re-runs the jobs after it in the schedule; each reuses its kept cells, quality and samples
+        # (serve_load), so nothing is measured twice.
+        inputs["after"] = slot_output(wildcards.experiment, prev)
     if gpu_check_format() is not None:  # a card with ECC history is benchmarked alone before any server
         inputs["gpu_check"] = ancient(GPU_CHECK)
     engine = CFG.engines[wildcards.engine]
