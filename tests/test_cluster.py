@@ -276,7 +276,11 @@ def test_summary_has_the_rows_and_statuses_of_a_local_run(cluster_run: ClusterRu
 def test_a_cancelled_job_fails_and_a_rerun_redoes_only_it(cluster_run: ClusterRun) -> None:
     run1 = cluster_run.run1.stdout
     assert cluster_run.run1.returncode != 0, run1[-3000:]
-    assert f"Error in rule {CANCEL}" in run1 and f"SLURM-job '{cluster_run.cancelled}' failed" in run1, run1[-4000:]
+    if CANCEL in GROUPS:  # a group job: Snakemake names the group, and the failed job's Slurm log
+        assert f"Error in group {GROUPS[CANCEL]}" in run1 and f"/{cluster_run.cancelled}.log (check log" in run1, \
+            run1[-4000:]
+    else:
+        assert f"Error in rule {CANCEL}" in run1 and f"SLURM-job '{cluster_run.cancelled}' failed" in run1, run1[-4000:]
     assert "CANCELLED" in run1, run1[-4000:]
     records = cluster_run.cluster.records()
     state = {r["JobId"]: r["JobState"] for r in records}
