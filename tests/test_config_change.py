@@ -101,21 +101,21 @@ def test_a_load_change_re_measures_every_variant_even_without_snakemakes_records
 
 @pytest.mark.slow
 def test_a_re_made_predecessor_re_measures_nothing(pipeline: Pipeline, tmp_path: Path) -> None:
-    """The serving jobs are chained in the schedule's order. Re-making the first (its quality.json gone) re-runs
-    it and the jobs after it, none before, and every one reuses its kept cells: no cell is measured again."""
+    """The serving jobs are chained in the schedule's order. Re-making one (--forcerun its index) re-runs it and
+    the jobs after it, none before, and every one reuses its kept cells: no cell is measured again."""
     run = Pipeline(results_root(tmp_path / "run"))
     shutil.copytree(pipeline.results, run.results, symlinks=True)
     (point,) = points_from_snakemake({"experiment": EXPERIMENT}, conf_dir=ROOT / "conf")
     cfg = point.cfg
     assert cfg.load.repeats == 1  # one slot per variant: its serve_load job
     slots = schedule(cfg.variants(), 1, cfg.load.block_seed)
-    first = slots[1]  # the second: one variant runs before it
-    (run.raw / f"{first.engine}-{first.format}" / "quality.json").unlink()
-    plan = run.snakemake("-n", "--cores", "all", "--config", f"experiment={EXPERIMENT}", "--",
+    first = slots[1]  # the second: one variant runs before it, two after
+    remake = ("--forcerun", str((run.raw / f"{first.engine}-{first.format}" / "cells.json").relative_to(run.root)))
+    plan = run.snakemake("-n", "--cores", "all", "--config", f"experiment={EXPERIMENT}", *remake, "--",
                          "results/summary.csv").stdout
     served = [Path(f["output"].split(",")[0]).parent.name for rule, f in planned_jobs(plan) if rule == "serve_load"]
     assert sorted(served) == sorted(f"{s.engine}-{s.format}" for s in slots[1:]), plan[-3000:]
-    run.snakemake("--cores", "all", "--config", f"experiment={EXPERIMENT}", "--", "results/summary.csv")
+    run.snakemake("--cores", "all", "--config", f"experiment={EXPERIMENT}", *remake, "--", "results/summary.csv")
     for index in pipeline.raw.glob("*/cells.json"):
         cells = json.loads(index.read_text())["cells"]
         again = json.loads((run.raw / index.parent.name / "cells.json").read_text())["cells"]
