@@ -14,6 +14,7 @@ No test depends on another having run first.
 from __future__ import annotations
 
 import csv
+import dataclasses
 import os
 import re
 import subprocess
@@ -101,6 +102,7 @@ class Pipeline:
 
     root: Path
     experiment: str = EXPERIMENT
+    plan_after_run: str = ""  # a dry run made at once after the run, before other tests touch shared models/ or build/
 
     @property
     def results(self) -> Path:
@@ -132,7 +134,8 @@ def pipeline(tmp_path_factory: pytest.TempPathFactory) -> Pipeline:
     run = Pipeline(results_root(tmp_path_factory.mktemp("pipeline")))
     run.snakemake("--cores", "all", "--config", f"experiment={EXPERIMENT}", "--", "all",
                   *(f"models/{MODEL}/{f}/manifest.json" for f in ("fp8-dynamic", "fp8-dequant", "q8_0")))
-    return run
+    plan = run.snakemake("-n", "--cores", "1", "--config", f"experiment={EXPERIMENT}").stdout
+    return dataclasses.replace(run, plan_after_run=plan)
 
 
 @pytest.fixture(scope="session")
