@@ -366,6 +366,10 @@ def test_capacity_mode_keeps_every_probe_as_a_cell_and_reuses_the_search(models:
     for c in probes:  # a probe is a cell: its files, its SLO, its verdict
         assert (out / f"{c['cell']}.json").is_file() and (out / f"{c['cell']}.jsonl").is_file()
         assert c["slo"] == "server" and c["status"] in ("ok", "degraded", "failed")
+    opened = [c for c in probes if c["probe_of"] == "rate"]
+    assert opened or not row["capacity_concurrency"]  # a closed capacity above 0 opens the rate search
+    for c in opened:  # open loop: its concurrency is the peak the arrivals made, never its request count
+        assert c["concurrency"] == c["peak_in_flight"] and c["request_rate"]
     if row["capacity_concurrency"]:
         best = next(c for c in closed if c["concurrency"] == row["capacity_concurrency"])
         assert row["output_throughput_at_capacity"] == best["output_throughput"]
