@@ -327,8 +327,8 @@ class _MeteredNvml:
 
 
 def test_energy_covers_the_measured_requests_only(models: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from bakeoff.engines.window import MeasuredWindow
     from bakeoff.hardware import telemetry
-    from bakeoff.loadgen.cellwindow import MeasuredWindow
 
     monkeypatch.setattr(telemetry, "_nvml", _MeteredNvml)
     monkeypatch.setattr(measure_cell, "MeasuredWindow", lambda engine, gpu: MeasuredWindow(engine, gpu=True))

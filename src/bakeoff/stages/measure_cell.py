@@ -16,10 +16,10 @@ from typing import Any
 
 from bakeoff.config.schema import LoadCfg
 from bakeoff.engines.session import Session
+from bakeoff.engines.window import MeasuredWindow
 from bakeoff.hardware.fingerprint import node_id
 from bakeoff.hardware.memory import PeakSampler
 from bakeoff.loadgen.cells import Cell, record_base
-from bakeoff.loadgen.cellwindow import MeasuredWindow
 from bakeoff.loadgen.metrics import RequestRecord, summarize
 from bakeoff.loadgen.prompts import make_prompts
 from bakeoff.loadgen.runner import run_cell
