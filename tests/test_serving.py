@@ -345,7 +345,7 @@ def test_energy_covers_the_measured_requests_only(models: Path, tmp_path: Path, 
 
 def test_capacity_mode_keeps_every_probe_as_a_cell_and_reuses_the_search(models: Path, tmp_path: Path) -> None:
     load = _small_load(concurrency=[1], num_requests=2, output_len=8, mode="capacity",
-                       capacity={"slo": ["server"], "min_requests": 4, "waves": 1, "max_probes": 3,
+                       capacity={"slo": ["server"], "min_requests": 12, "waves": 1, "max_probes": 3,
                                  "max_concurrency": 4, "rate": True})
     v = _llama_variant(models, tmp_path)
     out = tmp_path / "raw"
@@ -370,6 +370,8 @@ def test_capacity_mode_keeps_every_probe_as_a_cell_and_reuses_the_search(models:
     assert opened or not row["capacity_concurrency"]  # a closed capacity above 0 opens the rate search
     for c in opened:  # open loop: its concurrency is the peak the arrivals made, never its request count
         assert c["concurrency"] == c["peak_in_flight"] and c["request_rate"]
+    # 12 requests arrive over longer than one lasts, so the two differ and the check above can fail
+    assert not opened or min(c["peak_in_flight"] for c in opened) < 12, [c["peak_in_flight"] for c in opened]
     if row["capacity_concurrency"]:
         best = next(c for c in closed if c["concurrency"] == row["capacity_concurrency"])
         assert row["output_throughput_at_capacity"] == best["output_throughput"]
