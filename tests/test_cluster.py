@@ -126,6 +126,7 @@ class ClusterRun:
     run2: subprocess.CompletedProcess
     local_rows: list[dict[str, str]]
     jobs: dict[str, dict[str, str]] = field(default_factory=dict)  # job id -> scontrol show job
+    records: list[dict[str, str]] = field(default_factory=list)  # jobcomp records of runs 1 and 2
 
     def rows(self) -> list[dict[str, str]]:
         with open(self.root / TARGET, newline="") as f:
@@ -187,7 +188,8 @@ def cluster_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ClusterRun
         with open(local / TARGET, newline="") as f:
             local_rows = list(csv.DictReader(f))
         run = ClusterRun(cluster, root, planned, run1, cancelled, run1_records, run2, local_rows)
-        run.jobs = {r["JobId"]: cluster.job(r["JobId"]) for r in cluster.records()}
+        run.records = cluster.records()
+        run.jobs = {r["JobId"]: cluster.job(r["JobId"]) for r in run.records}
         yield run
 
 
@@ -212,7 +214,7 @@ def slurm_log_dir(job: dict[str, str], planned: PlannedJob) -> str:
 
 
 def test_every_job_completed_with_the_cpus_and_memory_it_requested(cluster_run: ClusterRun) -> None:
-    records = [r for r in cluster_run.cluster.records() if r["JobId"] != cluster_run.cancelled]
+    records = [r for r in cluster_run.records if r["JobId"] != cluster_run.cancelled]
     submitted = set()
     for record in records:
         job = cluster_run.jobs[record["JobId"]]
@@ -245,7 +247,7 @@ def test_no_job_used_more_memory_than_slurm_gave_it(cluster_run: ClusterRun) -> 
     """Peak RSS (Snakemake's benchmark record, measured inside the job) within the job's allocation: a site
     that enforces memory (cgroups) would otherwise kill it. This node (task/none) does not enforce it."""
     checked = 0
-    for record in cluster_run.cluster.records():
+    for record in cluster_run.records:
         job = cluster_run.jobs[record["JobId"]]
         planned = planned_of(cluster_run, job)
         assert planned, _comment(job)
@@ -282,7 +284,7 @@ def test_a_cancelled_job_fails_and_a_rerun_redoes_only_it(cluster_run: ClusterRu
     else:
         assert f"Error in rule {CANCEL}" in run1 and f"SLURM-job '{cluster_run.cancelled}' failed" in run1, run1[-4000:]
     assert "CANCELLED" in run1, run1[-4000:]
-    records = cluster_run.cluster.records()
+    records = cluster_run.records
     state = {r["JobId"]: r["JobState"] for r in records}
     assert state[cluster_run.cancelled] == "CANCELLED", state
     # Run 2 submitted exactly one job: the cancelled one's rule and wildcards, and it completed.
@@ -297,7 +299,7 @@ def test_a_cancelled_job_fails_and_a_rerun_redoes_only_it(cluster_run: ClusterRu
 
 def test_job_records_show_the_log_paths_the_rules_declare(cluster_run: ClusterRun) -> None:
     """Each job's record names its Slurm log (StdOut); that log names the rule's declared log, which exists."""
-    for record in cluster_run.cluster.records():
+    for record in cluster_run.records:
         job = cluster_run.jobs[record["JobId"]]
         planned = planned_of(cluster_run, job)
         assert planned, _comment(job)
@@ -309,3 +311,34 @@ def test_job_records_show_the_log_paths_the_rules_declare(cluster_run: ClusterRu
         assert f"log: {declared}" in stdout.read_text(), (stdout, declared)
         assert (cluster_run.root / declared).stat().st_size > 0, declared
 
+
+# Two variants of one experiment: the comparison the serving group exists for.
+TWO = ["--config", "experiment=ci", "overrides=~experiment.variants.vllm experiment.variants.llamacpp=[q8_0,q4_k_m]"]
+
+
+def test_an_experiments_serving_jobs_ran_in_one_slurm_job(cluster_run: ClusterRun, tmp_path: Path) -> None:
+    """Both variants' serving jobs run inside one Slurm job (the profile's `serve` group), so one allocation on one
+    node serves the whole comparison. The module's run serves one variant; this one serves two, on its artifacts."""
+    cluster = cluster_run.cluster
+    env = smk_env(cluster)
+    root = workdir(tmp_path / "two", artifacts=cluster_run.root)
+    for name in ("results/hardware.json", "results/kernel"):  # made by the module's run, with their times
+        dst = root / name
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        (shutil.copytree if (cluster_run.root / name).is_dir() else shutil.copy2)(cluster_run.root / name, dst)
+    before = len(cluster.records())
+    run = smk(root, env, "--profile", str(cluster_profile(cluster.partition, tmp_path / "profile")), *TWO, "--", TARGET)
+    assert run.returncode == 0, f"{run.stdout[-3000:]}\n{run.stderr[-5000:]}"
+    new = cluster.records()[before:]
+    jobs = {r["JobId"]: cluster.job(r["JobId"]) for r in new}
+    serving = [i for i, job in jobs.items() if _comment(job).startswith(f"rule_{GROUPS['serve_load']}_")]
+    assert len(serving) == 1, [_comment(job) for job in jobs.values()]
+    assert not [c for c in map(_comment, jobs.values()) if c.startswith("rule_serve_load")], "a serving job ran alone"
+    log = Path(jobs[serving[0]]["StdOut"]).read_text()
+    for variant in ("llamacpp-q8_0", "llamacpp-q4_k_m"):  # both jobs ran inside that one Slurm job
+        assert f"results/raw/ci/smollm2-135m/{variant}/cells.json" in log, log[-3000:]
+    assert "2 of 2 steps (100%) done" in log, log[-3000:]
+    with open(root / TARGET, newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert {r["format"] for r in rows} == {"q8_0", "q4_k_m"} and {r["status"] for r in rows} == {"ok"}
+    assert len({r["node_id"] for r in rows}) == 1, {r["node_id"] for r in rows}
