@@ -178,5 +178,6 @@ def test_a_noisy_boundary_is_reported_uncertain_with_both_results() -> None:
 def test_a_bracket_from_cells_takes_the_lowest_fail_and_the_highest_pass_below_it() -> None:
     assert bracket_from_cells({1: True, 8: True, 32: False}) == (8, 32)
     assert bracket_from_cells({1: True, 8: False, 32: True}) == (1, 8)  # a pass above a fail is not trusted
+    assert bracket_from_cells({1: True, 8: False, 32: False}) == (1, 8)  # the lowest fail bounds the search
     assert bracket_from_cells({1: True, 8: True}) == (8, None)
     assert bracket_from_cells({}) == (0, None)
