@@ -181,3 +181,18 @@ def test_a_bracket_from_cells_takes_the_lowest_fail_and_the_highest_pass_below_i
     assert bracket_from_cells({1: True, 8: False, 32: False}) == (1, 8)  # the lowest fail bounds the search
     assert bracket_from_cells({1: True, 8: True}) == (8, None)
     assert bracket_from_cells({}) == (0, None)
+
+
+def test_fixed_cells_give_a_verdict_per_concurrency_met_only_where_every_repeat_met_it() -> None:
+    from bakeoff.stages.serve_capacity import fixed_verdicts
+
+    def cell(c: int, ttft: float, p: int = 128, **kw) -> dict:
+        return {"concurrency": c, "prompt_len": p, "status": "ok", "p99_ttft_ms": ttft, "p99_tpot_ms": 50.0, **kw}
+
+    cells = [cell(1, 100), cell(1, 200), cell(8, 1500), cell(8, 300),  # c=8: its first repeat over the TTFT bound
+             cell(32, 100, status="failed"), cell(32, 100, p=1024),  # a cell that did not run; another prompt
+             cell(16, 100, probe_of="concurrency")]  # a probe is not a fixed cell
+    met = fixed_verdicts(cells, SLO, 128)
+    assert met == {1: True, 8: False}
+    assert bracket_from_cells(met) == (1, 8)
+    assert fixed_verdicts([cell(8, 300, failed=1)], SLO, 128) == {8: False}  # a failed request fails the cell

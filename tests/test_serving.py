@@ -16,11 +16,14 @@ import pytest
 
 from bakeoff.config.compose import load_config
 from bakeoff.config.schema import LoadCfg
+from bakeoff.config.slo import SLO_PRESETS
 from bakeoff.engines import ServerSpec, get_engine
 from bakeoff.errors import BakeoffError
+from bakeoff.loadgen.capacity import bracket_from_cells
 from bakeoff.models.manifest import read_manifest
 from bakeoff.proc import ServerStartError
 from bakeoff.stages import measure_cell, serve_load
+from bakeoff.stages.serve_capacity import fixed_verdicts
 from bakeoff.stages.serve_job import ServeJob
 
 from conftest import ROOT, Pipeline, _server_pids, bakeoff
@@ -359,6 +362,9 @@ def test_capacity_mode_keeps_every_probe_as_a_cell_and_reuses_the_search(models:
     # The capacity is the highest pass of the search's first probes, or of the fixed cells that seeded its bracket;
     # a boundary re-check that disagrees marks it uncertain and does not move it.
     seeded = json.loads(row["concurrency_seeded"] or "{}")
+    fixed = [c for c in index["cells"] if not c.get("probe_of")]
+    known_pass, known_fail = bracket_from_cells(fixed_verdicts(fixed, SLO_PRESETS["server"], row["prompt_len"]))
+    assert known_pass == 1 and seeded == {"pass": known_pass, **({"fail": known_fail} if known_fail else {})}
     passed = [c["concurrency"] for c in closed if c["probe_passed"] and not c.get("probe_recheck")]
     assert row["capacity_concurrency"] == max(passed + [seeded.get("pass", 0)])
     if row["concurrency_uncertain"]:
