@@ -112,7 +112,7 @@ def main() -> int:
 
     from transformers import AutoTokenizer
 
-    from bakeoff.config.compose import load_config
+    from bakeoff.composition.compose import load_config
     from bakeoff.engines import ServerSpec, get_engine
     from bakeoff.loadgen.prompts import make_prompts
 

@@ -97,7 +97,7 @@ def test_the_build_stage_restores_the_pipelines_toolchain_without_compiling(tool
     m = read_manifest(toolchain)
     assert m["cache_key"] == buildcache.cache_key(m["cache_key_parts"])
     buildcache.store("llamacpp", m["cache_key"], toolchain)  # what the pipeline's build stored in its cache
-    from bakeoff.config.compose import load_config
+    from bakeoff.composition.compose import load_config
 
     cfg = load_config([])
     src = next(p for p in toolchain.parent.iterdir() if p.name.startswith("src-"))

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from bakeoff.config.compose import load_config
+from bakeoff.composition.compose import load_config
 from bakeoff.config.schema import LoadCfg
 from bakeoff.engines import ServerSpec, get_engine
 from bakeoff.layout import CELLS_INDEX

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from bakeoff.cli import main
-from bakeoff.config.compose import find_conf_dir
-from bakeoff.config.sweep import points_from_snakemake, points_json
+from bakeoff.composition.compose import find_conf_dir
+from bakeoff.composition.sweep import points_from_snakemake, points_json
 from bakeoff.layout import COLUMNS_DOC, variant_name
 from bakeoff.loadgen.health import verdict
 from bakeoff.loadgen.metrics import RequestRecord, summarize

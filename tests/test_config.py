@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from bakeoff.config.compose import compose_raw, load_config, overrides_from_snakemake
+from bakeoff.composition.compose import compose_raw, load_config, overrides_from_snakemake
 from bakeoff.errors import ConfigError
 
 from conftest import BIN, ROOT, planned_jobs, results_root, snakemake
@@ -116,7 +116,7 @@ def test_snakemake_refuses_bad_config_before_any_job() -> None:
 
 
 def test_conf_dir_is_found_from_anywhere_in_the_repo(tmp_path: Path) -> None:
-    from bakeoff.config.compose import find_conf_dir
+    from bakeoff.composition.compose import find_conf_dir
 
     assert find_conf_dir(ROOT / "src" / "bakeoff") == CONF
     with pytest.raises(ConfigError):

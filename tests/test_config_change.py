@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from bakeoff.config.sweep import points_from_snakemake
+from bakeoff.composition.sweep import points_from_snakemake
 from bakeoff.errors import BakeoffError
 from bakeoff.loadgen.blocks import schedule
 from bakeoff.stages.summary import rows

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from bakeoff.config.compose import load_config
+from bakeoff.composition.compose import load_config
 from bakeoff.engines import ServerSpec, get_engine
 from bakeoff.engines.container import container_name, parse_mem_usage
 from bakeoff.engines.session import Session
@@ -188,7 +188,7 @@ def test_a_failed_start_removes_the_container(standin: Path, tmp_path: Path, mon
 CHILD = textwrap.dedent('''\
     import sys, time
     from pathlib import Path
-    from bakeoff.config.compose import load_config
+    from bakeoff.composition.compose import load_config
     from bakeoff.engines import ServerSpec
     from bakeoff.engines.session import Session, stop_on_signals
     tmp, launcher = Path(sys.argv[1]), int(sys.argv[2]) or None

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from bakeoff.config.compose import load_config
+from bakeoff.composition.compose import load_config
 
 from conftest import ROOT
 

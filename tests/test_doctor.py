@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from bakeoff.config.compose import load_config
+from bakeoff.composition.compose import load_config
 from bakeoff.config.schema import DoctorCfg
 from bakeoff.engines.support import predict, variants_of
 from bakeoff.hardware.doctor import DoctorError, analyze, capabilities, run

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from bakeoff.config.compose import load_config
+from bakeoff.composition.compose import load_config
 from bakeoff.hardware import driver
 from bakeoff.hardware.doctor import DoctorError, analyze
 

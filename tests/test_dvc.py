@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from bakeoff.config.compose import config_hash, load_config
+from bakeoff.composition.compose import config_hash, load_config
 
 from conftest import BIN, ROOT, Pipeline
 

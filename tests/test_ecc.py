@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from bakeoff.config.compose import load_config
+from bakeoff.composition.compose import load_config
 from bakeoff.hardware.doctor import DoctorError, analyze, recheck
 from bakeoff.hardware.ecc import growth, judge, plan_single_gpu_bench
 from bakeoff.stages import gpu_check

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from bakeoff.config.compose import load_config
+from bakeoff.composition.compose import load_config
 from bakeoff.errors import BakeoffError
 from bakeoff.models.manifest import read_manifest, sha256_file, verify
 

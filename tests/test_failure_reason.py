@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from bakeoff.config.compose import load_config
+from bakeoff.composition.compose import load_config
 from bakeoff.engines.base import ENGINES, Engine, ServerSpec
 from bakeoff.engines.session import Session
 

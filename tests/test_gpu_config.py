@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from bakeoff.config.compose import load_config
+from bakeoff.composition.compose import load_config
 from bakeoff.engines import get_engine
 from bakeoff.engines.base import ServerSpec
 from bakeoff.errors import ConfigError

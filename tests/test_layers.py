@@ -6,9 +6,9 @@ makes every lower layer depend on everything. The test reads the imports of
 every module (``ast``, nothing is imported), module-level and inside functions:
 a call up at run time ties the layers as firmly as an import at load time.
 
-A part is a package (``engines``) or, where one package holds two layers, one of
-its modules (``config.compose``): the config's types sit below the engines, which
-read them, and composing a config sits above the engines, which it asks.
+A part is a package (``engines``) or a module at the top (``cli``). The config's
+types (``config``) sit below the engines, which read them; composing a config
+(``composition``) sits above the engines, which it asks.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ LAYERS: list[set[str]] = [
     {"config"},  # the config's types
     {"hardware"},  # what the machine is and what it measured
     {"engines", "loadgen", "quality"},  # serving, loading and scoring a variant
-    {"config.compose", "config.sweep"},  # composing a config: Hydra, the schema, then each engine's own checks
+    {"composition"},  # composing a config: Hydra, the schema, then each engine's own checks; sweeps
     {"results", "report"},  # what the numbers mean and how they are shown
     {"stages"},  # one DAG rule each: the order of events
     {"cli"},
@@ -33,11 +33,8 @@ LAYERS: list[set[str]] = [
 
 
 def _part(module: str) -> str:
-    """``bakeoff.engines.base`` -> ``engines``; ``bakeoff.cli`` -> ``cli``; ``bakeoff.config.compose`` ->
-    ``config.compose`` (a module named in LAYERS is a part of its own)."""
+    """``bakeoff.engines.base`` -> ``engines``; ``bakeoff.cli`` -> ``cli``."""
     parts = module.split(".")
-    if len(parts) > 2 and ".".join(parts[1:3]) in set().union(*LAYERS):
-        return ".".join(parts[1:3])
     return parts[1] if len(parts) > 1 else ""
 
 
@@ -57,12 +54,10 @@ def _module_name(path: Path) -> str:
 
 
 def _from(module: str, names: list[ast.alias]) -> list[str]:
-    """What ``from <module> import <names>`` reaches: the module, or each named submodule that is a part of its
-    own (``from bakeoff.config import compose`` reaches ``config.compose``, not ``config``)."""
+    """What ``from <module> import <names>`` reaches: the module, or each name imported from the top package."""
     if module == "bakeoff":
         return [f"bakeoff.{a.name}" for a in names]
-    own = [f"{module}.{a.name}" for a in names if _part(f"{module}.{a.name}") != _part(module)]
-    return own + ([module] if len(own) < len(names) else [])
+    return [module]
 
 
 def _absolute(node: ast.ImportFrom, package: str) -> list[str]:
@@ -122,22 +117,11 @@ def test_at_most_five_modules_at_the_top() -> None:
     assert {p.name for p in SRC.iterdir() if p.is_dir() and (p / "__init__.py").exists()} <= set().union(*LAYERS)
 
 
-def test_a_module_named_in_the_plan_is_a_part_of_its_own() -> None:
-    """The schema (``config``) is below the engines, composition (``config.compose``) above them."""
-    assert _part("bakeoff.config.schema") == "config" and _part("bakeoff.config.compose") == "config.compose"
-    assert _rank("config") < _rank("engines") < _rank("config.compose")
-    tree = ast.parse("def check():\n    from bakeoff.engines import get_engine\n")
-    (target, at_import), = _imports(tree, "bakeoff.config")
-    assert not at_import and _rank(_part(target)) > _rank(_part("bakeoff.config.schema"))
-
-
-def test_importing_composition_from_its_package_still_reaches_it() -> None:
-    """``from bakeoff.config import compose`` in an engine reaches up to composition, as the dotted form does."""
-    for text in ("from bakeoff.config import compose, schema\n", "from ..config import compose\n",
-                 "from bakeoff.config.compose import load_config\n"):
-        targets = [t for t, _ in _imports(ast.parse(text), "bakeoff.engines")]
-        assert any(_rank(_part(t)) > _rank("engines") for t in targets), (text, targets)
-    assert _imports(ast.parse("from bakeoff.config import schema\n")) == [("bakeoff.config", True)]
+def test_composition_sits_above_the_engines_and_the_config_types_below_them() -> None:
+    assert _rank("config") < _rank("engines") < _rank("composition")
+    for text in ("from bakeoff.composition.compose import load_config\n", "from ..composition import compose\n"):
+        (target, _), = _imports(ast.parse(text), "bakeoff.engines")
+        assert _rank(_part(target)) > _rank("engines"), (text, target)
 
 
 def test_the_check_catches_an_engine_importing_a_stage() -> None:

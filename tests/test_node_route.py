@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from bakeoff.config.compose import load_config
+from bakeoff.composition.compose import load_config
 from bakeoff.engines import ServerSpec
 from bakeoff.errors import BakeoffError
 from bakeoff.layout import cell_name, is_cell_stem

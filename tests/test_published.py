@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from bakeoff.config.compose import load_config
+from bakeoff.composition.compose import load_config
 from bakeoff.errors import ConfigError
 from bakeoff.results import published
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from transformers import AutoTokenizer
 
-from bakeoff.config.compose import load_config
+from bakeoff.composition.compose import load_config
 from bakeoff.engines import ServerSpec, get_engine
 from bakeoff.engines.toolchain import library_dir
 from bakeoff.proc import ManagedProcess, free_port

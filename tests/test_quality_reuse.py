@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from bakeoff.config.compose import load_config
+from bakeoff.composition.compose import load_config
 from bakeoff.config.schema import EngineCfg, EvalCfg
 from bakeoff.layout import KEPT_DIR, QUALITY_FILE
 from bakeoff.models.manifest import verify, write_manifest

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from bakeoff.config.compose import load_config
+from bakeoff.composition.compose import load_config
 from bakeoff.results import published, roofline
 
 from conftest import Pipeline

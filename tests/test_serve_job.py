@@ -12,7 +12,7 @@ import json
 import re
 from pathlib import Path
 
-from bakeoff.config.compose import load_config
+from bakeoff.composition.compose import load_config
 from bakeoff.stages.serve_job import ServeJob
 
 from conftest import ROOT, snakemake

@@ -14,7 +14,7 @@ from types import SimpleNamespace
 import psutil
 import pytest
 
-from bakeoff.config.compose import load_config
+from bakeoff.composition.compose import load_config
 from bakeoff.config.schema import LoadCfg
 from bakeoff.config.slo import SLO_PRESETS
 from bakeoff.engines import ServerSpec, get_engine

@@ -9,7 +9,7 @@ from __future__ import annotations
 import subprocess
 from pathlib import Path
 
-from bakeoff.config.compose import config_hash, load_config
+from bakeoff.composition.compose import config_hash, load_config
 
 from conftest import ROOT, snakemake
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from bakeoff.config.compose import load_config
+from bakeoff.composition.compose import load_config
 from bakeoff.engines import get_engine
 from bakeoff.engines.vllm import per_tensor_fp8
 from bakeoff.errors import ConfigError

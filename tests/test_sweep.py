@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from bakeoff.config.sweep import parse_sweep, points_from_snakemake, points_json
+from bakeoff.composition.sweep import parse_sweep, points_from_snakemake, points_json
 from bakeoff.errors import ConfigError
 from bakeoff.results.derived import extend
 

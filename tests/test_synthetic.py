@@ -15,7 +15,7 @@ import pytest
 import requests
 from transformers import AutoTokenizer
 
-from bakeoff.config.compose import load_config
+from bakeoff.composition.compose import load_config
 from bakeoff.engines import get_engine
 from bakeoff.engines.base import ServerSpec
 from bakeoff.errors import ConfigError

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from bakeoff.config.compose import load_config
+from bakeoff.composition.compose import load_config
 from bakeoff.layout import GGUF_NAME
 from bakeoff.stages.fetch_model import fetch
 from bakeoff.stages.fp8_online import make

@@ -24,7 +24,7 @@ def _dir(p: str) -> Path:
 
 
 def _cmd_config(a: argparse.Namespace) -> None:
-    from bakeoff.config.compose import config_hash, load_config
+    from bakeoff.composition.compose import config_hash, load_config
 
     cfg = load_config(a.overrides)
     print(json.dumps({"config_hash": config_hash(cfg), **cfg.model_dump(mode="json")}, indent=2))
@@ -135,8 +135,8 @@ def _cmd_points(a: argparse.Namespace) -> None:
     Recomposed from Snakemake's ``--config`` entries by the same function the
     Snakefile uses, so the rule's params stay short (the entries plus hashes).
     """
-    from bakeoff.config.compose import find_conf_dir
-    from bakeoff.config.sweep import points_from_snakemake, points_json
+    from bakeoff.composition.compose import find_conf_dir
+    from bakeoff.composition.sweep import points_from_snakemake, points_json
     from bakeoff.models.artifacts import atomic_write_text
 
     smk = json.loads(a.smk_config)
@@ -154,7 +154,7 @@ def _cmd_versions(a: argparse.Namespace) -> None:
     cfg = json.loads(Path(a.config).read_text())
     first = next(iter(cfg.values()))
     tc = next((e["toolchain"] for e in first["config"]["engines"].values() if e.get("toolchain")), None)
-    from bakeoff.config.compose import find_conf_dir
+    from bakeoff.composition.compose import find_conf_dir
 
     # The git state of the workflow's source (the checkout whose conf/ this run composed), wherever results go.
     v = collect(find_conf_dir().resolve().parent, toolchain_manifest=Path(a.toolchain) if a.toolchain else None,
@@ -190,7 +190,7 @@ def _cmd_dvc_params(a: argparse.Namespace) -> None:
     """Re-compose params.yaml exactly as `dvc exp run` does (DVC's own composer), for `dvc repro`."""
     from dvc.utils.hydra import compose_and_dump
 
-    from bakeoff.config.compose import find_conf_dir, load_config_file
+    from bakeoff.composition.compose import find_conf_dir, load_config_file
 
     conf = find_conf_dir()
     compose_and_dump(Path(a.out), str(conf), None, "config", str(conf.parent), list(a.overrides))
@@ -275,7 +275,7 @@ def _doctor_text(r: dict, predictions: dict | None = None) -> str:
 
 
 def _cmd_doctor(a: argparse.Namespace) -> None:
-    from bakeoff.config.compose import load_config
+    from bakeoff.composition.compose import load_config
     from bakeoff.engines.support import predict, variants_of
     from bakeoff.hardware.doctor import run
 
@@ -435,7 +435,7 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--out", default="results/summary.csv")
     m.add_argument("--capacity-out", help="also write results/capacity.csv (the variants' capacity searches)")
     m.add_argument("--config-hash", default="")
-    m.add_argument("--points", help="results/config.json (sweep points, bakeoff.config.sweep.points_json): "
+    m.add_argument("--points", help="results/config.json (sweep points, bakeoff.composition.sweep.points_json): "
                    "adds axis/roofline columns")
     m.add_argument("--published", help="published numbers YAML: adds measured/published ratio columns")
     m.add_argument("--hardware", help="results/hardware.json (the doctor's): predictions, measured CPU bandwidth")

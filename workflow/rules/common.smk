@@ -6,12 +6,12 @@ from pathlib import Path
 
 from snakemake.exceptions import WorkflowError
 
-from bakeoff.config.compose import config_hash
+from bakeoff.composition.compose import config_hash
 from bakeoff.engines import get_engine
 from bakeoff.errors import ConfigError
 from bakeoff.layout import spec_path, toolchain_id
 from bakeoff.loadgen.blocks import previous, schedule, slot_of
-from bakeoff.config.sweep import points_from_snakemake
+from bakeoff.composition.sweep import points_from_snakemake
 
 # One point per sweep combination (--config sweep="a=1,2"); one point without a sweep.
 # --config composed=params.yaml runs DVC's Hydra-composed config instead (see dvc.yaml).

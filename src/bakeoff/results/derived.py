@@ -83,7 +83,7 @@ def extend(rows: list[dict[str, Any]], points: Mapping[str, Any], published_path
     """Add the extra columns to every row in place; returns their names, in order.
 
     ``points`` maps experiment (sweep point) name -> ``{sweep, overrides, config_hash,
-    hardware, engines}`` as :func:`bakeoff.config.sweep.points_json` writes it.
+    hardware, engines}`` as :func:`bakeoff.composition.sweep.points_json` writes it.
     """
     cols = [*AXIS_COLUMNS, *DOCTOR_COLUMNS, *roofline.COLUMNS]
     for r in rows:

@@ -39,7 +39,7 @@ class ServeJob:
     # position in that block. None: every repeat in one job (a job built by hand, or by a test).
     block: int | None = None
     order: int | None = None
-    # The experiment's resolved config hash (bakeoff.config.compose.config_hash) this job serves under; stamped
+    # The experiment's resolved config hash (bakeoff.composition.compose.config_hash) this job serves under; stamped
     # on every row it indexes, so the summary can refuse rows of two configs.
     config_hash: str = ""
 

@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bakeoff.config.compose import _hydra_value, config_hash, load_config, load_config_file, overrides_from_snakemake
+from bakeoff.composition.compose import _hydra_value, config_hash, load_config, load_config_file, overrides_from_snakemake
 from bakeoff.config.schema import Config
 from bakeoff.errors import ConfigError
 
