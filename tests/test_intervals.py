@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from bakeoff.loadgen.metrics import RequestRecord, summarize
-from bakeoff.loadgen.orderstats import binom_cdf, percentile_interval, rank_interval, share_upper_bound
+from bakeoff.loadgen.orderstats import binom_cdf, binom_cdfs, percentile_interval, rank_interval, share_upper_bound
 
 Z99 = 2.3263478740408408
 
@@ -79,6 +79,19 @@ def test_the_share_bound_is_clopper_pearson() -> None:
     ub = share_upper_bound(3, 100)
     assert binom_cdf(3, 100, ub) == pytest.approx(0.05, abs=1e-6)
     assert share_upper_bound(0, 0) is None and share_upper_bound(5, 5) == 1.0
+
+
+@pytest.mark.parametrize("n", [30, 100])
+@pytest.mark.parametrize("share", [0.01, 0.05, 0.2])
+def test_the_share_bound_covers_the_true_share_in_at_least_95_percent_of_500_probes(n: int, share: float) -> None:
+    """A probe's requests over a bound at a known true share, at probe lengths the search runs (30, 100): the
+    one-sided upper bound is at or above that share in at least 95 % of all outcomes (exact, from the binomial
+    probabilities), and in at least 93 % of 500 simulated probes (the floor leaves room for 500 draws' noise)."""
+    pmf = np.diff(binom_cdfs(n, share), prepend=0.0)
+    assert sum(pmf[k] for k in range(n + 1) if share_upper_bound(k, n) >= share) >= 0.95
+    over = np.random.default_rng(n * 1000 + int(share * 1000)).binomial(n, share, size=500)
+    covered = sum(share_upper_bound(int(k), n) >= share for k in over)
+    assert covered / 500 >= 0.93, covered
 
 
 def test_every_cell_carries_its_intervals_and_an_open_p99_end_is_empty() -> None:
