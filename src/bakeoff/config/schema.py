@@ -5,7 +5,7 @@ must fail *before* any job starts, with a message that names the key. Models
 forbid unknown keys, and cross-field checks (a variant's format must exist and
 suit its engine) live here, next to the types. What only an engine knows (is
 its plugin registered, does a prompt fit its context, do its settings suit the
-hardware) is asked of the engines by bakeoff.config.compose, which sits above
+hardware) is asked of the engines by bakeoff.composition.compose, which sits above
 both: the schema never imports an engine.
 """
 
@@ -135,7 +135,7 @@ class ToolchainCfg(_Strict):
 
 
 class EngineCfg(_Strict):
-    plugin: str  # a registered engine (bakeoff.engines.register); checked by bakeoff.config.compose
+    plugin: str  # a registered engine (bakeoff.engines.register); checked by bakeoff.composition.compose
     serves: Literal["hf", "gguf"]
     host: str = "127.0.0.1"
     port: int | None = Field(default=None, ge=1, le=65535)
@@ -305,7 +305,7 @@ class DoctorCfg(_Strict):
 class SiteCfg(_Strict):
     """What differs by site, not by experiment (conf/site/local.yaml, ignored by git; conf/site/example.yaml).
 
-    None of it changes what is measured, so it is left out of the config hash (bakeoff.config.compose).
+    None of it changes what is measured, so it is left out of the config hash (bakeoff.composition.compose).
     """
 
     slurm_partition: str | None = None  # every cluster job's partition (None: the Slurm profile's)
