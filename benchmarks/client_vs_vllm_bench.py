@@ -14,10 +14,18 @@ their sums and counts give the server-side means of that run alone. Where the
 server's ratio matches the clients', the server really ran at that speed under
 that client's traffic; where it does not, the clients measure differently.
 
-Client CPU is the benchmarking process's own user+sys time (getrusage) around
-each client's measured run -- both run in this one process, one at a time.
+Client CPU is the benchmarking process's own user+sys time (getrusage: itself and its finished children, so
+bakeoff's worker processes count) around each client's measured run; the clients run one at a time.
+
+Clients are named ``bakeoff:W`` (bakeoff's client with W workers) and ``vllm_bench``; each round runs every
+client once, the order rotating from round to round. The server is vLLM started here (the default, the
+embedded model on this CPU), an existing server (``--url``, e.g. vLLM on a GPU node), or the echo server
+(``--echo-token-delay-ms``: a stand-in that costs nothing, so only the clients' own CPU differs).
 
     .venv/bin/python benchmarks/client_vs_vllm_bench.py --rounds 10
+    .venv/bin/python benchmarks/client_vs_vllm_bench.py --echo-token-delay-ms 5 --concurrency 32 --rounds 6
+    python3 benchmarks/client_vs_vllm_bench.py --url http://127.0.0.1:8000 --model-dir DIR --served-name m \
+        --concurrency 64 128 256 512 --clients bakeoff:1 bakeoff:4 vllm_bench --rounds 1
 
 Targets (from the serving issue): output tok/s within +-3%, median TTFT and
 TPOT within +-5%, bakeoff's client CPU per 1k tokens <= 0.5x vllm bench's.
@@ -31,6 +39,8 @@ import json
 import resource
 import statistics
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -60,8 +70,9 @@ def referee(before: dict[str, float], after: dict[str, float]) -> dict[str, floa
 
 
 def cpu_s() -> float:
-    ru = resource.getrusage(resource.RUSAGE_SELF)
-    return ru.ru_utime + ru.ru_stime
+    """This process's CPU seconds, and those of its children that have ended (bakeoff's joined workers)."""
+    return sum(ru.ru_utime + ru.ru_stime for ru in (resource.getrusage(resource.RUSAGE_SELF),
+                                                     resource.getrusage(resource.RUSAGE_CHILDREN)))
 
 
 async def run_vllm_bench(base_url: str, model: str, tok, prompts: list[str], prompt_len: int, output_len: int,
@@ -80,96 +91,185 @@ async def run_vllm_bench(base_url: str, model: str, tok, prompts: list[str], pro
                         extra_body={"temperature": 0.0})
     cpu = cpu_s() - c0
     return {"output_throughput": r["output_throughput"], "median_ttft_ms": r["median_ttft_ms"],
-            "median_tpot_ms": r["median_tpot_ms"], "cpu_s": cpu, "tokens": r["total_output_tokens"],
+            "median_tpot_ms": r["median_tpot_ms"], "p99_tpot_ms": r.get("p99_tpot_ms"),
+            "p99_ttft_ms": r.get("p99_ttft_ms"), "cpu_s": cpu, "tokens": r["total_output_tokens"],
             "completed": r["completed"]}
 
 
 async def run_bakeoff(base_url: str, model: str, prompts: list[str], prompt_len: int, output_len: int,
-                      concurrency: int) -> dict:
+                      concurrency: int, workers: int = 1) -> dict:
     from bakeoff.loadgen.metrics import summarize
     from bakeoff.loadgen.runner import run_cell_async
 
     c0 = cpu_s()
     res = await run_cell_async(base_url=base_url, model=model, prompts=prompts, prompt_len=prompt_len,
-                               output_len=output_len, concurrency=concurrency, show_progress=False)
+                               output_len=output_len, concurrency=concurrency, show_progress=False, workers=workers)
     cpu = cpu_s() - c0
     m = summarize(res.records, res.duration_s)
     return {"output_throughput": m["output_throughput"], "median_ttft_ms": m["median_ttft_ms"],
-            "median_tpot_ms": m["median_tpot_ms"], "cpu_s": cpu, "tokens": m["total_output_tokens"],
-            "completed": m["completed"]}
+            "median_tpot_ms": m["median_tpot_ms"], "p99_tpot_ms": m["p99_tpot_ms"], "p99_ttft_ms": m["p99_ttft_ms"],
+            "cpu_s": cpu, "tokens": m["total_output_tokens"], "completed": m["completed"],
+            **{k: res.client[k] for k in ("client_workers", "client_cpu_share", "client_loop_lag_p99_ms",
+                                          "client_schedule_delay_p99_ms", "client_saturated",
+                                          "client_saturated_reason")}}
+
+
+@contextmanager
+def server(a: argparse.Namespace, tok) -> Iterator[str]:
+    """The base URL of the server the clients share: given, the echo server, or vLLM started here."""
+    if a.url:
+        yield a.url.rstrip("/")
+        return
+    if a.echo_token_delay_ms is not None:
+        import socket
+        import subprocess
+        import time
+        import urllib.request
+
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = sock.getsockname()[1]
+        proc = subprocess.Popen([sys.executable, "-m", "bakeoff.loadgen.echo_server", "--port", str(port),
+                                 "--token-delay-ms", str(a.echo_token_delay_ms)])
+        url = f"http://127.0.0.1:{port}"
+        try:
+            for _ in range(100):
+                try:
+                    urllib.request.urlopen(url + "/health", timeout=1)
+                    break
+                except OSError:
+                    time.sleep(0.1)
+            yield url
+        finally:
+            proc.terminate()
+            proc.wait(10)
+        return
+    from bakeoff.composition.compose import load_config
+    from bakeoff.engines import ServerSpec, get_engine
+
+    cfg = load_config([])
+    engine_cfg = cfg.engines["vllm"].model_copy(
+        update={"extra_args": [*cfg.engines["vllm"].extra_args, "--no-enable-prefix-caching"]})
+    spec = ServerSpec(engine=engine_cfg, hardware=cfg.hardware, model_dir=Path(a.model_dir),
+                      served_name=a.served_name, log_path=Path(a.out).with_suffix(".server.log"))
+    with get_engine("vllm")(spec) as engine:
+        print(f"vLLM ready after {engine.ready():.0f}s at {engine.base_url}", file=sys.stderr)
+        yield engine.base_url
+
+
+def run_client(who: str, url: str, a: argparse.Namespace, tok, prompts: list[str], c: int) -> dict:
+    if who == "vllm_bench":
+        return asyncio.run(run_vllm_bench(url, a.served_name, tok, prompts, a.prompt_len, a.output_len, c))
+    workers = int(who.split(":", 1)[1]) if ":" in who else 1
+    return asyncio.run(run_bakeoff(url, a.served_name, prompts, a.prompt_len, a.output_len, c, workers))
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--model-dir", default=str(ROOT / "models" / "smollm2-135m" / "fp16"))
-    ap.add_argument("--concurrency", type=int, default=8)
+    ap.add_argument("--model-dir", default=str(ROOT / "models" / "smollm2-135m" / "fp16"),
+                    help="the tokenizer (and, when vLLM is started here, the model)")
+    ap.add_argument("--url", help="an existing server to drive (not started here)")
+    ap.add_argument("--echo-token-delay-ms", type=float, help="drive the echo server at this time a token")
+    ap.add_argument("--served-name", default="bench")
+    ap.add_argument("--concurrency", type=int, nargs="+", default=[8])
+    ap.add_argument("--clients", nargs="+", default=["bakeoff:1", "vllm_bench"])
     ap.add_argument("--prompt-len", type=int, default=128)
     ap.add_argument("--output-len", type=int, default=128)
-    ap.add_argument("--num-requests", type=int, default=48)
+    ap.add_argument("--num-requests", type=int, default=48, help="at least; and requests-per-concurrency x c")
+    ap.add_argument("--requests-per-concurrency", type=int, default=4)
     ap.add_argument("--rounds", type=int, default=10)
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "out" / "client_vs_vllm_bench.json"))
     a = ap.parse_args()
 
     from transformers import AutoTokenizer
 
-    from bakeoff.composition.compose import load_config
-    from bakeoff.engines import ServerSpec, get_engine
     from bakeoff.loadgen.prompts import make_prompts
 
-    cfg = load_config([])
     tok = AutoTokenizer.from_pretrained(a.model_dir)
     out = Path(a.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    engine_cfg = cfg.engines["vllm"].model_copy(
-        update={"extra_args": [*cfg.engines["vllm"].extra_args, "--no-enable-prefix-caching"]})
-    spec = ServerSpec(engine=engine_cfg, hardware=cfg.hardware, model_dir=Path(a.model_dir),
-                      served_name="bench", log_path=out.with_suffix(".server.log"))
-    runs: dict[str, list[dict]] = {"bakeoff": [], "vllm_bench": []}
-    with get_engine("vllm")(spec) as engine:
-        print(f"vLLM ready after {engine.ready():.0f}s at {engine.base_url}", file=sys.stderr)
-        warm = make_prompts(tok, a.prompt_len, a.concurrency, seed=999, tag="warm")
-        asyncio.run(run_bakeoff(engine.base_url, "bench", warm, a.prompt_len, 16, a.concurrency))
-        for r in range(a.rounds):
-            order = ["bakeoff", "vllm_bench"] if r % 2 == 0 else ["vllm_bench", "bakeoff"]
-            prompts = make_prompts(tok, a.prompt_len, a.num_requests, seed=r, tag=f"round{r}-")  # the same for both
-            for who in order:
-                before = server_histograms(engine.base_url)
-                if who == "bakeoff":
-                    res = asyncio.run(run_bakeoff(engine.base_url, "bench", prompts, a.prompt_len, a.output_len,
-                                                  a.concurrency))
-                else:
-                    res = asyncio.run(run_vllm_bench(engine.base_url, "bench", tok, prompts, a.prompt_len,
-                                                     a.output_len, a.concurrency))
-                res.update(referee(before, server_histograms(engine.base_url)))
-                res["cpu_s_per_1k_tokens"] = 1000 * res["cpu_s"] / res["tokens"]
-                runs[who].append(res)
-                print(f"round {r} {who:10s} " + json.dumps({k: round(v, 3) for k, v in res.items() if v is not None}),
-                      file=sys.stderr)
-
-    keys = ["output_throughput", "median_ttft_ms", "median_tpot_ms", "cpu_s_per_1k_tokens", *REFEREE]
-    report: dict = {}
-    for k in keys:
-        pairs = [(b[k], v[k]) for b, v in zip(runs["bakeoff"], runs["vllm_bench"], strict=True)
-                 if b.get(k) and v.get(k)]
-        ratios = [b / v for b, v in pairs]
-        report[k] = {"bakeoff": statistics.median(b for b, _ in pairs), "vllm_bench": statistics.median(v for _, v in pairs),
-                     "ratio": statistics.median(ratios), "ratio_range": [min(ratios), max(ratios)],
-                     "rounds": len(ratios)}
-    targets = {"output_throughput": (0.97, 1.03), "median_ttft_ms": (0.95, 1.05), "median_tpot_ms": (0.95, 1.05),
-               "cpu_s_per_1k_tokens": (0.0, 0.5)}
-    for k, (lo, hi) in targets.items():
-        report[k]["target"] = [lo, hi]
-        report[k]["met"] = bool(lo <= report[k]["ratio"] <= hi)
+    runs: dict[str, list[dict]] = {}
+    with server(a, tok) as url:
+        referee_ok = True
+        try:
+            server_histograms(url)
+        except Exception:  # noqa: BLE001 - a server without vLLM's /metrics: no referee columns
+            referee_ok = False
+        warm = make_prompts(tok, a.prompt_len, max(a.concurrency), seed=999, tag="warm")
+        asyncio.run(run_bakeoff(url, a.served_name, warm, a.prompt_len, 16, max(a.concurrency)))
+        for c in a.concurrency:
+            n = max(a.num_requests, a.requests_per_concurrency * c)
+            for r in range(a.rounds):
+                k = (r + a.concurrency.index(c)) % len(a.clients)
+                order = a.clients[k:] + a.clients[:k]
+                for who in order:
+                    prompts = make_prompts(tok, a.prompt_len, n, seed=1000 * c + r, tag=f"c{c}-round{r}-{who}-")
+                    before = server_histograms(url) if referee_ok else {}
+                    res = run_client(who, url, a, tok, prompts, c)
+                    if referee_ok:
+                        res.update(referee(before, server_histograms(url)))
+                    res["cpu_s_per_1k_tokens"] = 1000 * res["cpu_s"] / res["tokens"] if res["tokens"] else None
+                    res.update(concurrency=c, round=r, position=order.index(who))
+                    runs.setdefault(who, []).append(res)
+                    print(f"c={c} round {r} {who:10s} " + json.dumps(
+                        {k: (round(v, 3) if isinstance(v, float) else v) for k, v in res.items() if v is not None}),
+                        file=sys.stderr, flush=True)
+    report = compare(runs, a.clients)
     report["settings"] = vars(a)
     report["runs"] = runs
     out.write_text(json.dumps(report, indent=2) + "\n")
-    print(f"{'metric (median of round ratios)':32s} {'bakeoff':>10s} {'vllm bench':>11s} {'ratio':>7s} {'range':>13s}  target")
-    for k in keys:
-        r = report[k]
-        verdict = "" if k not in targets else f"{r['target']} {'met' if r['met'] else 'NOT met'}"
-        print(f"{k:32s} {r['bakeoff']:10.3f} {r['vllm_bench']:11.3f} {r['ratio']:7.3f} "
-              f"{r['ratio_range'][0]:6.3f}-{r['ratio_range'][1]:5.3f}  {verdict}")
+    print(table(runs, a.clients))
     return 0
+
+
+KEYS = ["output_throughput", "median_ttft_ms", "median_tpot_ms", "p99_tpot_ms", "cpu_s_per_1k_tokens", *REFEREE]
+TARGETS = {"output_throughput": (0.97, 1.03), "median_ttft_ms": (0.95, 1.05), "median_tpot_ms": (0.95, 1.05),
+           "cpu_s_per_1k_tokens": (0.0, 0.5)}
+
+
+def compare(runs: dict[str, list[dict]], clients: list[str]) -> dict:
+    """Per bakeoff client against vllm bench, per metric: the median of the paired round ratios, and the targets."""
+    report: dict = {}
+    if "vllm_bench" not in runs:
+        return report
+    for who in (c for c in clients if c != "vllm_bench"):
+        rep: dict = {}
+        for k in KEYS:
+            pairs = [(b[k], v[k]) for b, v in zip(runs[who], runs["vllm_bench"], strict=True) if b.get(k) and v.get(k)]
+            if not pairs:
+                continue
+            ratios = [b / v for b, v in pairs]
+            rep[k] = {who: statistics.median(b for b, _ in pairs), "vllm_bench": statistics.median(v for _, v in pairs),
+                      "ratio": statistics.median(ratios), "ratio_range": [min(ratios), max(ratios)],
+                      "rounds": len(ratios)}
+            if k in TARGETS:
+                lo, hi = TARGETS[k]
+                rep[k].update(target=[lo, hi], met=bool(lo <= rep[k]["ratio"] <= hi))
+        report[who] = rep
+    return report
+
+
+def table(runs: dict[str, list[dict]], clients: list[str]) -> str:
+    """One markdown row per concurrency and client: medians over rounds."""
+    head = ("| c | client | output tok/s | median TTFT ms | median TPOT ms | p99 TPOT ms | CPU-s / 1k tok | "
+            "worst worker CPU share | lag p99 ms | schedule delay p99 ms | saturated |")
+    lines = [head, "|" + "---|" * (head.count("|") - 1)]
+    for c in sorted({r["concurrency"] for rs in runs.values() for r in rs}):
+        for who in clients:
+            rs = [r for r in runs.get(who, []) if r["concurrency"] == c]
+            if not rs:
+                continue
+
+            def med(k: str, rs: list[dict] = rs) -> str:
+                vals = [r[k] for r in rs if isinstance(r.get(k), (int, float)) and not isinstance(r.get(k), bool)]
+                return f"{statistics.median(vals):.4g}" if vals else ""
+
+            sat = "" if who == "vllm_bench" else f"{sum(bool(r.get('client_saturated')) for r in rs)}/{len(rs)}"
+            lines.append(f"| {c} | {who} | {med('output_throughput')} | {med('median_ttft_ms')} | "
+                         f"{med('median_tpot_ms')} | {med('p99_tpot_ms')} | {med('cpu_s_per_1k_tokens')} | "
+                         f"{med('client_cpu_share')} | {med('client_loop_lag_p99_ms')} | "
+                         f"{med('client_schedule_delay_p99_ms')} | {sat} |")
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

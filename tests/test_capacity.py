@@ -28,6 +28,7 @@ from bakeoff.loadgen.capacity import (
 from bakeoff.loadgen.metrics import RequestRecord, summarize
 from bakeoff.loadgen.runner import run_cell
 from bakeoff.proc import ManagedProcess, free_port
+from bakeoff.stages import serve_capacity
 
 SLO = Slo("test", ttft_ms=1000.0, tpot_ms=125.0)
 SLOT_DELAY_MS = 10.0
@@ -113,6 +114,7 @@ def test_a_variant_that_fails_the_lowest_load_has_capacity_zero() -> None:
     assert [c for c, _, _ in s.rechecks] == [1]  # the lowest fail is re-checked; there is no pass to re-check
     top = search_concurrency(lambda c: Verdict(True), start=4, maximum=32, max_probes=8)
     assert top.at_limit and top.capacity == 32 and [c for c, _ in top.probes] == [4, 8, 16, 32]
+    assert not top.converged and top.limit == "search maximum"  # a lower bound is never converged
 
 
 def _ttft_over() -> RequestRecord:
@@ -133,7 +135,7 @@ def test_the_early_stop_counts_each_bound_on_its_own_and_stops_at_a_failure() ->
     assert EarlyStop(n, SLO)(failed)  # a failed request fails the probe: stop at once
 
 
-@pytest.mark.parametrize("truth", [12, 28, 40])
+@pytest.mark.parametrize("truth", [12, 28, 40, 150, 200, 700])
 def test_the_schema_defaults_locate_a_gpu_scale_capacity_exactly(truth: int) -> None:
     d = CapacityCfg()
     calls: list[int] = []
@@ -153,12 +155,28 @@ def test_the_schema_defaults_locate_a_gpu_scale_capacity_exactly(truth: int) -> 
     assert all(8 < c < 32 for c, _ in seeded.probes) if truth < 32 else all(c > 32 for c, _ in seeded.probes)
 
 
-def test_the_default_budget_converges_for_every_capacity_up_to_the_maximum() -> None:
+def test_the_default_budget_converges_for_every_capacity_below_the_maximum() -> None:
     budget = probes_needed(1, 64)
-    for truth in range(0, 65):
+    for truth in range(0, 64):
         s = search_concurrency(lambda c, t=truth: Verdict(c <= t), 1, 64, None, recheck=False)
         assert s.converged and s.capacity == truth and len(s.probes) <= budget, truth
     assert budget == 12  # 1..64 by doubling (7), then 5 bisections of a bracket of 32
+    # at the maximum itself (and past it) the search found a lower bound, never a converged capacity
+    for truth in (64, 65, 10_000):
+        s = search_concurrency(lambda c, t=truth: Verdict(c <= t), 1, 64, None, recheck=False)
+        assert s.at_limit and not s.converged and s.capacity == 64, truth
+    assert probes_needed(1, CapacityCfg().max_concurrency) == 20  # 1..1024: 11 doublings, 9 bisections
+
+
+def test_a_search_stopped_by_the_servers_limit_is_a_lower_bound_that_names_it() -> None:
+    # vLLM fp8 on an H100 passed interactive at 128 and failed at 256; a server that holds 100 stops it first
+    s = search_concurrency(lambda c: Verdict(c <= 150), 1, 100, None, limit="vLLM KV cache (38400 tokens)")
+    assert s.capacity == 100 and s.at_limit and not s.converged and s.limit == "vLLM KV cache (38400 tokens)"
+    cols = serve_capacity._search_columns(s, "concurrency")
+    assert cols["concurrency_converged"] is False and cols["concurrency_limit"] == "vLLM KV cache (38400 tokens)"
+    found = search_concurrency(lambda c: Verdict(c <= 150), 1, 1024, None)
+    cols = serve_capacity._search_columns(found, "concurrency")
+    assert cols["capacity_concurrency"] == 150 and cols["concurrency_converged"] and cols["concurrency_limit"] == ""
 
 
 def test_a_noisy_boundary_is_reported_uncertain_with_both_results() -> None:

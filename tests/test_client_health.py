@@ -24,20 +24,29 @@ from bakeoff.stages.serve_job import ServeJob
 from conftest import MODEL, ROOT
 
 
-def test_verdict_names_each_threshold_it_passed() -> None:
-    ok = health.verdict({"client_loop_lag_p99_ms": 3.0, "client_cpu_share": 0.05})
-    assert ok == {"client_saturated": False, "client_saturated_reason": ""}
-    both = health.verdict({"client_loop_lag_p99_ms": 180.0, "client_cpu_share": 0.9})
-    assert both["client_saturated"] and "lag p99 180.0 ms > 25 ms" in both["client_saturated_reason"]
-    assert "CPU 0.90 of the cell's wall time > 0.3" in both["client_saturated_reason"]
-    # either threshold alone flags the cell (docs/methodology.md's rule), naming only the one it passed
-    lag = health.verdict({"client_loop_lag_p99_ms": 40.0, "client_cpu_share": 0.05})
-    assert lag["client_saturated"] and "CPU" not in lag["client_saturated_reason"]
-    cpu = health.verdict({"client_loop_lag_p99_ms": 3.0, "client_cpu_share": 0.5})
-    assert cpu["client_saturated"] and "lag" not in cpu["client_saturated_reason"]
+def test_verdict_names_each_worker_and_threshold_it_passed() -> None:
+    calm = {"worker": 0, "loop_lag_p99_ms": 3.0, "schedule_delay_p99_ms": 1.0, "cpu_share": 0.05}
+    assert health.verdict([calm]) == {"client_saturated": False, "client_saturated_reason": ""}
+    busy = {"worker": 3, "loop_lag_p99_ms": 180.0, "schedule_delay_p99_ms": 90.0, "cpu_share": 0.95}
+    both = health.verdict([calm, busy])
+    assert both["client_saturated"] and "worker 3: event-loop lag p99 180.0 ms > 25 ms" in both["client_saturated_reason"]
+    assert "worker 3: schedule delay p99 90.0 ms" in both["client_saturated_reason"]
+    assert "worker 3: CPU 0.95 of one core" in both["client_saturated_reason"]
+    assert "worker 0" not in both["client_saturated_reason"]
+    # any one signal alone flags the cell, naming only the one it passed
+    for key, value, word in (("loop_lag_p99_ms", 40.0, "lag"), ("schedule_delay_p99_ms", 80.0, "schedule"),
+                             ("cpu_share", 0.9, "CPU")):
+        one = health.verdict([{**calm, key: value}])
+        assert one["client_saturated"] and word in one["client_saturated_reason"], key
+        assert sum(w in one["client_saturated_reason"] for w in ("lag", "schedule", "CPU")) == 1, key
     # at the threshold is not past it
-    assert not health.verdict({"client_loop_lag_p99_ms": health.LAG_P99_MS_MAX,
-                               "client_cpu_share": health.CPU_SHARE_MAX})["client_saturated"]
+    assert not health.verdict([{"loop_lag_p99_ms": health.LAG_P99_MS_MAX,
+                                "schedule_delay_p99_ms": health.SCHEDULE_DELAY_P99_MS_MAX,
+                                "cpu_share": health.CPU_SHARE_MAX}])["client_saturated"]
+    # the cell's columns take the worst worker of each signal, and the total CPU
+    cols = health.cell_health([{**calm, "cpu_s": 1.0}, {**busy, "cpu_s": 2.5}])
+    assert cols["client_workers"] == 2 and cols["client_cpu_s"] == 3.5 and cols["client_cpu_share"] == 0.95
+    assert cols["client_loop_lag_p99_ms"] == 180.0 and cols["client_schedule_delay_p99_ms"] == 90.0
 
 
 @pytest.fixture(scope="module")
@@ -95,8 +104,8 @@ def test_a_client_busy_in_its_own_event_loop_is_flagged_saturated(server: str, l
 
     busy = _cell(server, llama["models"] / "fp16", start, end)
     assert busy["client_saturated"] is True, busy
-    assert "event-loop lag p99" in busy["client_saturated_reason"] and "client CPU" in busy["client_saturated_reason"]
-    assert busy["client_loop_lag_p99_ms"] > 60 and busy["client_cpu_share"] > health.CPU_SHARE_MAX
+    assert "worker 0: event-loop lag p99" in busy["client_saturated_reason"]
+    assert busy["client_loop_lag_p99_ms"] > 60 and busy["client_cpu_share"] > 2 * calm["client_cpu_share"]
     assert calm["client_loop_lag_p99_ms"] < busy["client_loop_lag_p99_ms"] / 3
     assert calm["client_saturated"] is False, calm
 

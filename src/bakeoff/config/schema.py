@@ -205,7 +205,9 @@ class CapacityCfg(_Strict):
     # (bakeoff.loadgen.capacity.probes_needed), and 8 for the rate search.
     max_probes: PositiveInt | None = None
     start_concurrency: PositiveInt = 1
-    max_concurrency: PositiveInt = 64
+    # The search's own ceiling; the server's limit (vLLM's max_num_seqs and KV cache, llama.cpp's slots) also
+    # stops it. A search stopped by either reports a lower bound, naming the limit (capacity_limit).
+    max_concurrency: PositiveInt = 1024
     rate: bool = True  # also search the open-loop (Poisson) request rate
     rate_resolution: PositiveFloat = 0.1  # the rate search stops when fail / pass <= 1 + this
 
@@ -214,6 +216,14 @@ class CapacityCfg(_Strict):
         if unknown := [s for s in self.slo if s not in SLO_PRESETS]:
             raise ValueError(f"load.capacity.slo: unknown preset(s) {unknown}; known: {sorted(SLO_PRESETS)}")
         return self
+
+
+class ClientCfg(_Strict):
+    """The load client (bakeoff.loadgen.workers): how many worker processes send a cell's requests."""
+
+    # auto: from the cell's expected token rate and the measured cost a token (bakeoff.loadgen.sizing),
+    # bounded by the cores and by the concurrency; a number: that many (at most the concurrency).
+    workers: Literal["auto"] | PositiveInt = "auto"
 
 
 class LoadCfg(_Strict):
@@ -242,6 +252,7 @@ class LoadCfg(_Strict):
     # fixed: the cells above; capacity: the cells, then a search for the highest load within each SLO.
     mode: Literal["fixed", "capacity"] = "fixed"
     capacity: CapacityCfg = CapacityCfg()
+    client: ClientCfg = ClientCfg()
 
     def for_variant(self, engine_load: dict[str, Any], fmt: str) -> tuple[LoadCfg, str]:
         """This load as one variant runs it, and a note when it runs fewer requests than configured."""

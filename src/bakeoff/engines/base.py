@@ -284,6 +284,11 @@ class Engine(abc.ABC):
     def alive(self) -> bool:
         return self.process is not None and self.process.alive()
 
+    def concurrency_limit(self, tokens_per_request: int) -> tuple[int | None, str]:
+        """The most requests of ``tokens_per_request`` tokens this running server holds at once, and what sets
+        that limit (named in a capacity row); ``(None, "")`` where the engine sets none that it tells."""
+        return None, ""
+
     def stop(self) -> None:
         """Stop the server; a container is stopped and removed by name (the client's exit does neither)."""
         if self.container is not None and self.process is not None:

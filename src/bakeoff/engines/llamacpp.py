@@ -41,6 +41,31 @@ class LlamaCppEngine(Engine):
         used idle one, so c=1 requests walk through every slot and each must have served a warm-up."""
         return int(settings["parallel"]) if settings.get("parallel") else None
 
+    def concurrency_limit(self, tokens_per_request: int) -> tuple[int | None, str]:
+        """Its slots: the request past them waits for a whole request to finish (``parallel_set_by`` says whether
+        the experiment, the capacity search or the memory chose their number)."""
+        n = self.slots(self.spec.engine.settings)
+        return (n, "llama.cpp --parallel") if n else (None, "")
+
+    @classmethod
+    def sized_for_search(cls, settings: Mapping[str, Any], maximum: int, slot_tokens: int,
+                         kv_bytes_per_token: int | None, free_bytes: float | None) -> tuple[dict[str, Any], str]:
+        """Settings whose slots let a capacity search reach ``maximum`` requests, each slot holding
+        ``slot_tokens``: ``parallel`` at least ``maximum`` and ``ctx_size`` = slots x tokens, or as many slots as
+        ``free_bytes`` of KV memory hold (``kv_bytes_per_token`` each). Returns the settings and what set
+        ``parallel``: ``experiment`` (already enough), ``search maximum``, or ``KV memory``."""
+        have = int(settings.get("parallel") or 0)
+        per_slot = int(settings.get("ctx_size") or 0) // max(have, 1)
+        if have >= maximum and per_slot >= slot_tokens:
+            return dict(settings), "experiment"
+        want, why = max(have, maximum), "search maximum"
+        if kv_bytes_per_token and free_bytes is not None:
+            fit = int(free_bytes // (kv_bytes_per_token * slot_tokens))
+            if fit < want:  # never below what the experiment itself set
+                want, why = (max(fit, 1), "KV memory") if fit > have else (max(have, 1), "experiment")
+        slot = max(per_slot, slot_tokens)
+        return {**settings, "parallel": want, "ctx_size": want * slot}, why
+
     @classmethod
     def hardware_flags(cls, hardware: HardwareCfg, settings: Mapping[str, Any]) -> list[str]:
         """Offload every layer, split across GPUs as configured; flags the settings set are left to them."""

@@ -21,6 +21,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -80,6 +81,24 @@ except Exception as e:
     out["torch_error"] = f"{type(e).__name__}: {e}"
 print(json.dumps(out))
 """
+
+
+KV_TOKENS = re.compile(r"GPU KV cache size: ([\d,]+) tokens")
+KV_BLOCKS = re.compile(r"# GPU blocks: (\d+)")
+KV_BLOCK_TOKENS = 16  # vLLM's default block size, in the builds that log blocks rather than tokens
+
+
+def kv_cache_tokens(log_path: Path) -> int | None:
+    """The KV cache's size in tokens as the server's start-up log states it (its last start's)."""
+    try:
+        text = log_path.read_text(errors="replace")
+    except OSError:
+        return None
+    if found := KV_TOKENS.findall(text):
+        return int(found[-1].replace(",", ""))
+    if found := KV_BLOCKS.findall(text):
+        return int(found[-1]) * KV_BLOCK_TOKENS
+    return None
 
 
 @functools.lru_cache(maxsize=8)
@@ -197,6 +216,17 @@ class VllmEngine(Engine):
             if merged.get(k) is None:
                 merged[k] = v
         return merged
+
+    def concurrency_limit(self, tokens_per_request: int) -> tuple[int | None, str]:
+        """``max_num_seqs`` where the settings set it, and the requests its KV cache holds at once: the KV size
+        in tokens that its start-up log states (``GPU KV cache size: N tokens``; older builds: ``# GPU blocks``
+        of 16 tokens) over ``tokens_per_request``. Past either, requests wait for a whole request to finish."""
+        limits: list[tuple[int, str]] = []
+        if (seqs := self.settings().get("max_num_seqs")) is not None:
+            limits.append((int(seqs), "server max_num_seqs"))
+        if (kv := kv_cache_tokens(self.spec.log_path)) is not None:
+            limits.append((kv // max(1, tokens_per_request), f"vLLM KV cache ({kv} tokens)"))
+        return min(limits) if limits else (None, "")
 
     def server_args(self, model_path: str) -> list[str]:
         e = self.spec.engine

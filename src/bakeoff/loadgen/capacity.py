@@ -28,6 +28,10 @@ The rules, stated once:
 * **Rate search (open loop, Poisson arrivals, no cap on requests in flight).** From ``start`` (the
   closed-loop capacity's request rate), multiply or divide by ``RATE_STEP`` until a pass and a fail
   bracket the capacity, then bisect geometrically until ``fail / pass <= 1 + resolution``.
+* **Limits.** The search never probes past ``maximum``: the search's own ceiling
+  (``load.capacity.max_concurrency``) or the server's limit where that is lower (vLLM's ``max_num_seqs`` or its
+  KV cache, llama.cpp's slots; bakeoff.stages.serve_capacity.search_limit), named in ``limit``. A search whose
+  probe at that maximum passed found a lower bound, not a capacity: it is never reported as converged.
 * A search that hits its ``max_probes`` says it did not converge; its capacity is then a lower bound.
 """
 
@@ -105,6 +109,7 @@ class Search:
     converged: bool = False
     capacity: float = 0.0  # the highest passing load (0: even the lowest probed failed)
     at_limit: bool = False  # the highest load allowed passed: capacity is at least this
+    limit: str = "search maximum"  # what set the highest load allowed (module docstring: Limits)
     seeded: dict[str, int] = field(default_factory=dict)  # {"pass": c, "fail": c} taken from the fixed cells
     rechecks: list[tuple[float, Verdict, bool]] = field(default_factory=list)  # (load, re-run verdict, first passed)
 
@@ -140,7 +145,7 @@ def _bisect_concurrency(probe: Callable[[int], Verdict], s: Search, start: int, 
     passed = min(known_pass, maximum)
     failed = known_fail if known_fail is not None and known_fail <= maximum and known_fail > passed else None
     if passed >= maximum:
-        s.at_limit = s.converged = True
+        s.at_limit = True
         return passed, failed
     if failed is not None and failed - passed <= 1:
         s.converged = True
@@ -155,7 +160,7 @@ def _bisect_concurrency(probe: Callable[[int], Verdict], s: Search, start: int, 
             failed = c if failed is None else min(failed, c)
         if failed is None:  # bracketing upwards
             if c >= maximum:
-                s.at_limit = s.converged = True
+                s.at_limit = True  # a lower bound: never converged
                 break
             c = min(2 * c, maximum)
             continue
@@ -177,9 +182,11 @@ def probes_needed(start: int, maximum: int) -> int:
 
 
 def search_concurrency(probe: Callable[[int], Verdict], start: int, maximum: int, max_probes: int | None = None,
-                       known_pass: int = 0, known_fail: int | None = None, recheck: bool = True) -> Search:
-    """The closed-loop capacity (rules in the module docstring); ``max_probes`` None: ``probes_needed``."""
-    s = Search("concurrency")
+                       known_pass: int = 0, known_fail: int | None = None, recheck: bool = True,
+                       limit: str = "search maximum") -> Search:
+    """The closed-loop capacity (rules in the module docstring); ``max_probes`` None: ``probes_needed``;
+    ``limit`` names what set ``maximum``."""
+    s = Search("concurrency", limit=limit)
     if known_pass or known_fail is not None:
         s.seeded = {"pass": known_pass, **({"fail": known_fail} if known_fail is not None else {})}
     budget = max_probes if max_probes is not None else probes_needed(start, maximum)

@@ -72,10 +72,11 @@ def cell_spec_hash(base: dict, load: LoadCfg) -> str:
     concurrency and prompt length, so narrowing or widening the sweep keeps the cells already made. So are
     the per-format and per-concurrency request maps (a cell's own request count is in its record and
     checked by :func:`reusable`), the block seed, which orders the servers, not what a cell sends, and the
-    capacity search, which runs after the cells.
+    capacity search, which runs after the cells, and the client's worker count, which changes how the requests
+    are sent, not what is sent (each cell records its own ``client_workers``).
     """
     exclude = {"concurrency", "prompt_len", "num_requests_by_format", "num_requests_by_concurrency", "block_seed",
-               "mode", "capacity"}
+               "mode", "capacity", "client"}
     load_spec = load.model_dump(mode="json", exclude=exclude)
     return hashlib.sha256(json.dumps([base, load_spec], sort_keys=True, default=str).encode()).hexdigest()[:16]
 

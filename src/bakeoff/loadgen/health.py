@@ -1,55 +1,92 @@
 """The client's verdict on itself: was the load generator the bottleneck of a cell?
 
-A saturated client reads tokens late, so every latency it reports is the
-client's as much as the server's. The runner records the event-loop lag p99
-(``client_loop_lag_p99_ms``) and the client's CPU time over the measured
-window's wall time (``client_cpu_share``; 1.0 is one core, all one event loop
-can use); a cell past either threshold is ``client_saturated``, with the reason.
+A saturated client reads tokens late and sends requests late, so the latencies it reports are the client's as
+much as the server's. Each worker (bakeoff.loadgen.workers) reports what shows that directly:
 
-The thresholds come from ``benchmarks/client_saturation.py --token-delay-ms 10``
-on the 2-core development machine (2026-12-03, shared with other jobs: load
-average 3.5-4.5): a stand-in server streaming at a known 10 ms a token, the
-client closed-loop at rising concurrency c. Two runs (TPOT excess is the
-measured median TPOT over the server's 10 ms):
+* its event loop's lag p99 (a loop busy with other callbacks wakes late for every read);
+* its requests' schedule delay p99 (sent later than intended: the open-loop schedule, or a closed-loop slot
+  that freed);
+* its CPU time over the measured window's wall time, as a share of the one core its loop can use.
 
-=====  ===================================  ===================================
-c      run 1: tok/s, excess, CPU, lag p99   run 2: tok/s, excess, CPU, lag p99
-=====  ===================================  ===================================
-1      93, +6 %, 0.03, 6.4 ms               95, +6 %, 0.03, 6.2 ms
-8      710, +10 %, 0.07, 4.5 ms             722, +10 %, 0.08, 3.3 ms
-16     --                                   1354, +14 %, 0.13, 8.8 ms
-32     2408, +23 %, 0.18, 42.8 ms           2618, +19 %, 0.19, 7.5 ms
-64     4339, +32 %, 0.26, 69.2 ms           4811, +21 %, 0.31, 44.1 ms
-128    5884, +86 %, 0.32, 114.7 ms          8046, +37 %, 0.49, 68.9 ms
-256    6838, +196 %, 0.34, 239.9 ms         --
-=====  ===================================  ===================================
+A cell is ``client_saturated`` when any worker passes any threshold, with the worker and the reason.
 
-Lag p99 stayed under 9 ms while TPOT stayed within 20 % of the server's, and
-was over 40 ms at every point past that: the lag threshold is 25 ms, between.
-The CPU share where TPOT passed +20 % was 0.18-0.31, and against a server that
-costs nothing (0 ms a token) the client topped out at about 13,000 tok/s with
-a CPU share of 0.33-0.35: on this shared machine that is all its one core got.
-The CPU threshold is 0.30. On an idle machine a client can use a whole core, so
-0.30 may flag a healthy cell there: a false alarm costs a look, a missed one a
-wrong number.
+The thresholds come from ``benchmarks/client_saturation.py --token-delay-ms 10 --concurrency 1 8 32 64 128 256
+512`` (2026-12-06, the 2-core development machine with one core idle: load average 0.9-1.2): the echo server
+(bakeoff.loadgen.echo_server, in its own process) streams every request at a known 10 ms a token, one client
+worker runs closed-loop at rising concurrency c, and TPOT excess is the measured median TPOT over those 10 ms:
+
+=====  ======  ===========  ==========  ===========  =================
+c      tok/s   TPOT excess  CPU share   lag p99      delay p50 / p99
+=====  ======  ===========  ==========  ===========  =================
+1      97      +3 %         0.01        2.0 ms       0.0 / 0.1 ms
+8      760     +5 %         0.03        1.0 ms       0.0 / 1.0 ms
+32     2899    +9 %         0.06        1.0 ms       0.0 / 6.4 ms
+64     5823    +6 %         0.13        6.0 ms       0.0 / 19.5 ms
+128    10100   +16 %        0.21        42.8 ms      0.0 / 13.3 ms
+256    18531   +17 %        0.42        75.8 ms      0.0 / 68.0 ms
+512    24449   +60 %        0.50        149.5 ms     0.0 / 61.3 ms
+=====  ======  ===========  ==========  ===========  =================
+
+* **Lag p99: 25 ms.** It stayed at or under 6 ms while TPOT stayed within 10 % of the server's, and was 43 ms
+  or more at every point past that.
+* **Schedule delay p99: 40 ms.** Under 20 ms in every healthy cell, over 60 ms at c = 256 and 512. In a closed
+  loop a slot sends its next request as soon as it frees, so the delay grows only once the loop is busy; in an
+  open loop it is the delay against the Poisson schedule (inference-perf judges its client the same way).
+* **CPU share: 0.85 of one core** (AIPerf warns at 85 % worker CPU). The worker never reached it here: on a
+  machine shared with the server the client's CPU share is what the scheduler gave it, so even a saturated
+  worker read 0.50 (and 0.11-0.23 with the machine loaded to 4-8: those rows are in docs/methodology.md). The
+  lag is the signal that shows saturation on a shared machine; the share shows a worker that has a core to
+  itself and uses all of it. On the H100 node one worker used 0.47 of a core at 12.3k tok/s with a lag p99 of
+  4.9 ms and agreed with ``vllm bench serve`` within 1.2 %: healthy, and not flagged by these thresholds.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import json
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 LAG_P99_MS_MAX = 25.0
-CPU_SHARE_MAX = 0.30
-COLUMNS = ["client_cpu_share", "client_saturated", "client_saturated_reason"]
+SCHEDULE_DELAY_P99_MS_MAX = 40.0
+CPU_SHARE_MAX = 0.85
+COLUMNS = ["client_workers", "client_cpu_share", "client_loop_lag_p99_ms", "client_schedule_delay_p50_ms",
+           "client_schedule_delay_p99_ms", "client_retried", "client_saturated", "client_saturated_reason",
+           "client_worker_health"]
 
 
-def verdict(client: Mapping[str, Any]) -> dict[str, Any]:
-    """``client_saturated`` (bool) and its reason from the runner's client record."""
+def worker_reasons(h: Mapping[str, Any]) -> list[str]:
+    """The thresholds one worker's health passed, each with its value."""
     reasons = []
-    lag, share = client.get("client_loop_lag_p99_ms"), client.get("client_cpu_share")
-    if lag is not None and lag == lag and lag > LAG_P99_MS_MAX:
-        reasons.append(f"event-loop lag p99 {lag:.1f} ms > {LAG_P99_MS_MAX:g} ms")
-    if share is not None and share == share and share > CPU_SHARE_MAX:
-        reasons.append(f"client CPU {share:.2f} of the cell's wall time > {CPU_SHARE_MAX:g}")
+    checks = (("loop_lag_p99_ms", LAG_P99_MS_MAX, "event-loop lag p99 {:.1f} ms > {:g} ms"),
+              ("schedule_delay_p99_ms", SCHEDULE_DELAY_P99_MS_MAX, "schedule delay p99 {:.1f} ms > {:g} ms"),
+              ("cpu_share", CPU_SHARE_MAX, "CPU {:.2f} of one core > {:g}"))
+    for key, limit, text in checks:
+        v = h.get(key)
+        if v is not None and v == v and v > limit:
+            reasons.append(text.format(v, limit))
+    return reasons
+
+
+def verdict(workers: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """``client_saturated`` (bool) and its reason, from every worker's health."""
+    reasons = [f"worker {h.get('worker', k)}: {r}" for k, h in enumerate(workers) for r in worker_reasons(h)]
     return {"client_saturated": bool(reasons), "client_saturated_reason": "; ".join(reasons)}
+
+
+def _worst(workers: Sequence[Mapping[str, Any]], key: str) -> float:
+    values = [float(h[key]) for h in workers if h.get(key) is not None]
+    return max(values) if values else float("nan")
+
+
+def cell_health(workers: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """A cell's client columns: the worker count, the total CPU, each signal's worst worker, the verdict."""
+    return {"client_workers": len(workers),
+            "client_cpu_s": sum(float(h.get("cpu_s", 0.0)) for h in workers),
+            "client_cpu_share": _worst(workers, "cpu_share"),
+            "client_loop_lag_p99_ms": _worst(workers, "loop_lag_p99_ms"),
+            "client_schedule_delay_p50_ms": _worst(workers, "schedule_delay_p50_ms"),
+            "client_schedule_delay_p99_ms": _worst(workers, "schedule_delay_p99_ms"),
+            "client_retried": sum(int(h.get("retried", 0)) for h in workers),
+            **verdict(workers),
+            "client_worker_health": json.dumps([{k: round(v, 4) if isinstance(v, float) else v
+                                                 for k, v in h.items()} for h in workers])}

@@ -105,12 +105,19 @@ class RequestRecord:
     itl: list[float] = field(default_factory=list)
     prompt_tokens: int | None = None  # server-reported
     output_tokens: int = 0  # server-reported when available
-    tokens_from: str = "usage"  # "usage" or "client-tokenizer"
+    tokens_from: str = "usage"  # "usage", "client-tokenizer", or "none" (no usage, not counted yet)
     error: str = ""
     generated_text: str = ""
     # The server's own timing of this request, where it reports one (llama-server's final-chunk `timings`).
     server_tpot_ms: float | None = None
     server_prompt_ms: float | None = None
+    # The client's side of the request: which of its worker processes sent it, how late it was sent against
+    # its intended time (seconds; bakeoff.loadgen.workers says what "intended" is in each loop), and whether
+    # it was sent again on a fresh connection (bakeoff.loadgen.client).
+    worker: int = 0
+    schedule_delay: float | None = None
+    done: float | None = None  # when the response ended (its last byte read), on the cell's clock
+    retried: bool = False
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)

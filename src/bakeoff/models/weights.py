@@ -55,3 +55,28 @@ def _finish(n_params: int, nbytes: int) -> dict[str, float | int]:
         "weight_bytes": nbytes,
         "bits_per_weight": round(8 * nbytes / n_params, 4) if n_params else float("nan"),
     }
+
+
+def gguf_kv_bytes_per_token(path: Path, cache_bytes: int = 2) -> int | None:
+    """Bytes of KV cache one token takes in llama.cpp (f16 cache: ``cache_bytes`` 2), from the GGUF's shape:
+    layers x KV heads x (key + value head size). None where the file does not state its attention shape."""
+    from gguf import GGUFReader
+
+    reader = GGUFReader(path)
+
+    def field(key: str) -> int | None:
+        f = reader.fields.get(key)
+        return int(f.parts[f.data[0]][0]) if f is not None and f.data else None
+
+    f_arch = reader.fields.get("general.architecture")
+    if f_arch is None:
+        return None
+    arch = bytes(f_arch.parts[f_arch.data[0]]).decode()
+    layers, heads = field(f"{arch}.block_count"), field(f"{arch}.attention.head_count")
+    kv_heads = field(f"{arch}.attention.head_count_kv") or heads
+    width = field(f"{arch}.embedding_length")
+    if not (layers and heads and kv_heads and width):
+        return None
+    k = field(f"{arch}.attention.key_length") or width // heads
+    v = field(f"{arch}.attention.value_length") or width // heads
+    return layers * kv_heads * (k + v) * cache_bytes

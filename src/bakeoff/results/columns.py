@@ -114,7 +114,11 @@ IDENTITY = _mixed(
         ("sweep", "", "The swept values of this sweep point (`--config sweep=...`); empty without a sweep.",
          DERIVED),
         ("overrides", "", "Hydra overrides of this point against the experiment's defaults.", DERIVED),
-        ("engine_settings", "JSON", "The engine's `settings` as configured (one JSON object).", SERVE),
+        ("engine_settings", "JSON", "The engine's `settings` as configured (one JSON object); in capacity mode "
+         "llama.cpp's `parallel` and `ctx_size` as sized for the search (`parallel_set_by`).", SERVE),
+        ("parallel_set_by", "", "Capacity mode, llama.cpp: what set its slot count: `experiment` (its setting "
+         "already reached the search's maximum), `search maximum`, or `KV memory` (the GPU holds no more slots).",
+         SERVE),
         ("synthetic", "bool", "The model has random weights (`model.source: synthetic`): speed is "
          "meaningful, quality is not.", DERIVED),
     ],
@@ -254,16 +258,30 @@ CLIENT = _mixed(
     "The load generator's verdict on itself: was the client the bottleneck? `client_` columns describe the "
     "client, not the server; `_share` is a fraction of one core (0-1).",
     [
-        ("client_cpu_s", S, "Client CPU seconds over the measured window (beside each GPU cell: is the client "
-         "the ceiling?).", "bakeoff.loadgen.runner"),
+        ("client_workers", COUNT, "Worker processes that sent the cell's requests (`load.client.workers`; "
+         "auto: bakeoff.loadgen.sizing).", "bakeoff.loadgen.health"),
+        ("client_cpu_s", S, "Client CPU seconds over the measured window, all workers together.",
+         "bakeoff.loadgen.health"),
         ("client_cpu_s_per_1k_tokens", S, "Client CPU seconds per 1000 streamed output tokens.",
          "bakeoff.loadgen.runner"),
-        ("client_loop_lag_p99_ms", MS, "99th percentile of the client's event-loop lag.", "bakeoff.loadgen.runner"),
-        ("client_cpu_share", FRACTION, "Client CPU time over the measured window's wall time (1 = one core).",
-         "bakeoff.loadgen.runner"),
-        ("client_saturated", "bool", "Lag or CPU share over its threshold: the latencies are partly the "
-         "client's.", "bakeoff.loadgen.health"),
-        ("client_saturated_reason", "", "Which threshold was passed, by how much.", "bakeoff.loadgen.health"),
+        ("client_loop_lag_p99_ms", MS, "99th percentile of the event-loop lag of the worst worker.",
+         "bakeoff.loadgen.health"),
+        ("client_schedule_delay_p50_ms", MS, "Median of how late requests were sent against their intended time "
+         "(open loop: the schedule; closed loop: the slot freeing), worst worker.", "bakeoff.loadgen.health"),
+        ("client_schedule_delay_p99_ms", MS, "99th percentile of that delay, worst worker.",
+         "bakeoff.loadgen.health"),
+        ("client_cpu_share", FRACTION, "CPU time over the measured window's wall time of the busiest worker "
+         "(1 = the one core its event loop can use).", "bakeoff.loadgen.health"),
+        ("client_retried", COUNT, "Requests sent again on a fresh connection: the server had closed the "
+         "kept-alive one before answering.", "bakeoff.loadgen.health"),
+        ("client_saturated", "bool", "A worker's lag, schedule delay or CPU share passed its threshold "
+         "(bakeoff.loadgen.health): the latencies are partly the client's.", "bakeoff.loadgen.health"),
+        ("client_saturated_reason", "", "Which worker passed which threshold, by how much.",
+         "bakeoff.loadgen.health"),
+        ("client_worker_health", "JSON", "Each worker's health: requests, CPU seconds and share, lag p99, schedule "
+         "delay p50 and p99, retries.", "bakeoff.loadgen.health"),
+        ("client_rerun", "bool", "The client saturated, and the cell was run once more, on fresh prompts, with "
+         "twice the workers; these are that run's numbers (`load_note` has the first run's reason).", MEASURE),
         ("stopped_early", "bool", "The client stopped sending: a capacity probe had certainly failed.",
          "bakeoff.loadgen.runner"),
     ],
@@ -482,7 +500,11 @@ CAPACITY_SEARCH = _family(
         ("capacity_concurrency", COUNT, "Highest concurrency whose probe met the SLO (0: even the lowest "
          "failed)."),
         ("concurrency_converged", "bool", "The concurrency search bracketed its capacity to adjacent values."),
-        ("concurrency_at_limit", "bool", "The highest concurrency allowed passed: capacity is at least this."),
+        ("concurrency_at_limit", "bool", "The highest concurrency allowed passed: capacity is at least this (a "
+         "lower bound; `concurrency_converged` is then False)."),
+        ("concurrency_limit", "", "Where `concurrency_at_limit`: what set the highest concurrency allowed: `search "
+         "maximum` (`load.capacity.max_concurrency`), `server max_num_seqs`, `vLLM KV cache (N tokens)` or "
+         "`llama.cpp --parallel (set by the ...)`; empty where the search bracketed the capacity."),
         ("concurrency_probes", COUNT, "Probes the concurrency search ran, not counting the boundary re-checks "
                                        "(`concurrency_recheck`)."),
         ("binding_concurrency", "", "The bound the lowest failing concurrency probe exceeded (`ttft`, `tpot`, "
@@ -506,6 +528,7 @@ CAPACITY_SEARCH = _family(
         ("output_throughput_at_capacity_rate", TOK_S, "`output_throughput` of the probe at `capacity_rate`."),
         ("client_cpu_s_at_capacity", S, "`client_cpu_s` of the probe at capacity."),
         ("client_cpu_share_at_capacity", FRACTION, "`client_cpu_share` of the probe at capacity."),
+        ("client_workers_at_capacity", COUNT, "`client_workers` of the probe at capacity."),
         ("client_saturated_at_capacity", "bool", "`client_saturated` of the probe at capacity."),
         ("client_saturated_probes", "", "Every probe of the search (cell names) whose client saturated: there the "
          "client was measured as much as the server."),

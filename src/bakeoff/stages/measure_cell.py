@@ -7,6 +7,7 @@ row reads like any cell row.
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import time
@@ -23,6 +24,7 @@ from bakeoff.loadgen.cells import Cell, record_base
 from bakeoff.loadgen.metrics import RequestRecord, summarize
 from bakeoff.loadgen.prompts import make_prompts
 from bakeoff.loadgen.runner import run_cell
+from bakeoff.loadgen.workers import available_cores
 from bakeoff.models.artifacts import atomic_write_text
 from bakeoff.stages.serve_job import ServeJob
 
@@ -38,6 +40,14 @@ def write_jsonl(path: Path, rows: list[dict]) -> None:
     atomic_write_text(path, "".join(json.dumps(r) + "\n" for r in rows))
 
 
+def client_workers(job: ServeJob, load: LoadCfg, in_flight: int) -> int:
+    """The workers a cell starts with: ``load.client.workers``, or under ``auto`` what the job's sizer picks
+    (bakeoff.loadgen.sizing) for ``in_flight`` requests at once."""
+    if load.client.workers != "auto":
+        return max(1, min(int(load.client.workers), in_flight))
+    return job.sizer.workers(in_flight, available_cores())
+
+
 def measure(job: ServeJob, session: Session, base: dict, load: LoadCfg, tokenizer: Any, versions: dict, cell: Cell, *,
             n: int, n_warm: int, seed: int, request_rate: float | None, notes: list[str],
             stop_when: Callable[[RequestRecord], bool] | None = None, slos_ms: dict[str, float] | None = None,
@@ -48,25 +58,40 @@ def measure(job: ServeJob, session: Session, base: dict, load: LoadCfg, tokenize
     """
     out_dir = job.out_dir
     count_tokens = lambda text: len(tokenizer.encode(text, add_special_tokens=False))  # noqa: E731
-    prompts = make_prompts(tokenizer, cell.prompt_len, n + n_warm, seed=seed, tag=f"{cell.name}-")
-    warm, measured = prompts[:n_warm], prompts[n_warm:]
     engine = session.engine
     assert engine is not None
     window = MeasuredWindow(engine, gpu=job.hardware.backend == "cuda")  # GPU telemetry and server metrics, warm-up excluded
-    # The server's memory: its process tree's RSS, or its container's (never the docker client's);
-    # GPU memory comes from the window, on the server's own GPUs.
-    with PeakSampler(engine.pid() or os.getpid(), sample=engine.memory_bytes) as mem:
-        t_cell = time.time()
-        res = run_cell(base_url=engine.base_url, model=base["model"], prompts=measured,
-                       prompt_len=cell.prompt_len, output_len=load.output_len, concurrency=cell.concurrency,
-                       request_rate=request_rate, warmup_prompts=warm, warmup_concurrency=n_warm,
-                       temperature=load.temperature,
-                       api_key=engine.spec.engine.api_key, seed=seed, count_tokens=count_tokens,
-                       label=f"{base['engine']}-{base['format']} {cell.name}", show_progress=job.show_progress,
-                       on_measure_start=window.start, on_measure_end=window.stop, stop_when=stop_when)
+    in_flight = cell.concurrency if request_rate is None else n
+    workers = client_workers(job, load, in_flight)
+    pristine = copy.deepcopy(stop_when)  # an early stop counts what it saw: a re-run starts from none
+    attempts = 0
+    while True:
+        prompts = make_prompts(tokenizer, cell.prompt_len, n + n_warm, seed=seed + attempts, tag=f"{cell.name}-")
+        warm, measured = prompts[:n_warm], prompts[n_warm:]
+        # The server's memory: its process tree's RSS, or its container's (never the docker client's);
+        # GPU memory comes from the window, on the server's own GPUs.
+        with PeakSampler(engine.pid() or os.getpid(), sample=engine.memory_bytes) as mem:
+            t_cell = time.time()
+            res = run_cell(base_url=engine.base_url, model=base["model"], prompts=measured,
+                           prompt_len=cell.prompt_len, output_len=load.output_len, concurrency=cell.concurrency,
+                           request_rate=request_rate, warmup_prompts=warm, warmup_concurrency=n_warm,
+                           temperature=load.temperature,
+                           api_key=engine.spec.engine.api_key, seed=seed, count_tokens=count_tokens,
+                           label=f"{base['engine']}-{base['format']} {cell.name}", show_progress=job.show_progress,
+                           on_measure_start=window.start, on_measure_end=window.stop, stop_when=stop_when,
+                           workers=workers)
+        more = min(2 * workers, in_flight)
+        if not res.client["client_saturated"] or attempts or more <= workers or not engine.alive():
+            break
+        # A saturated client measured itself: the cell is run once more, on fresh prompts, with twice the workers.
+        notes = [*notes, f"client saturated with {workers} worker(s) ({res.client['client_saturated_reason']}); "
+                         f"re-run with {more} workers on fresh prompts (seed + 1)"]
+        workers, stop_when, attempts = more, copy.deepcopy(pristine), 1
+        window = MeasuredWindow(engine, gpu=job.hardware.backend == "cuda")
     t_end = time.time()
     metrics = summarize(res.records, res.duration_s, slos_ms or job.slos_ms,
                         concurrency=cell.concurrency if request_rate is None else None)  # steady span: closed loop
+    job.sizer.observe(in_flight, metrics.get("output_throughput"), res.client.get("client_cpu_s_per_1k_tokens"))
     telemetry = window.columns(metrics["total_output_tokens"])
     notes = [base["load_note"], *notes, *session.notes]
     steady, vllm_def = metrics.get("steady_output_throughput"), metrics.get("output_throughput")
@@ -84,7 +109,8 @@ def measure(job: ServeJob, session: Session, base: dict, load: LoadCfg, tokenize
     else:
         cell_status, cell_reason = "degraded", "; ".join(metrics["errors"])[:500]
     record = {**record_base(base, cell, n, versions, session.startup_s), "status": cell_status,
-              "reason": cell_reason, **metrics, **res.client, "peak_rss_bytes": mem.peak_rss,
+              "reason": cell_reason, **metrics, **res.client, "client_rerun": attempts > 0,
+              "peak_rss_bytes": mem.peak_rss,
               "load_note": "; ".join(x for x in notes if x), "warmup_requests": n_warm,
               "block": cell.repeat, "order": job.order,
               "node_id": node_id(telemetry.get("gpu_uuids")),

@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from bakeoff.config.schema import LoadCfg
+from bakeoff.config.schema import EngineCfg, LoadCfg
 from bakeoff.config.slo import SLO_PRESETS, Slo
 from bakeoff.engines import get_engine
 from bakeoff.engines.session import Session
@@ -32,19 +32,49 @@ from bakeoff.loadgen.capacity import (
 from bakeoff.loadgen.cells import Cell, stable_seed
 from bakeoff.loadgen.metrics import PEAK_IN_FLIGHT
 from bakeoff.models.artifacts import atomic_write_text, read_kept, restore_kept, write_kept
+from bakeoff.models.weights import gguf_kv_bytes_per_token
 from bakeoff.stages.measure_cell import measure
 from bakeoff.stages.serve_job import ServeJob
 
 # What a capacity row reads from the probe at capacity.
 AT_CAPACITY = ("output_throughput", "request_goodput", "joules_per_output_token", "p99_ttft_ms", "p99_tpot_ms",
                "over_ttft_share", "over_ttft_share_ub95", "over_tpot_share", "over_tpot_share_ub95",
-               "client_cpu_s", "client_cpu_share", "client_saturated")
+               "client_cpu_s", "client_cpu_share", "client_workers", "client_saturated")
 
 
 def capacity_hash(spec_hash: str, load: LoadCfg) -> str:
     """What a variant's capacity results depend on: its cells' settings and the search's."""
     blob = json.dumps([spec_hash, load.capacity.model_dump(mode="json"), load.output_len], sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+# Of the GPU memory the hardware config states, what llama.cpp's weights and compute buffers leave to its KV
+# cache is at most this share (llama.cpp allocates the whole cache at start: too large a cache fails the start).
+KV_MEMORY_SHARE = 0.85
+COMPUTE_RESERVE_BYTES = 2 * 1024**3
+
+
+def sized_engine(job: ServeJob, load: LoadCfg) -> tuple[EngineCfg, str]:
+    """The job's engine config with llama.cpp's slots sized for the capacity search, and what set their number.
+
+    In capacity mode, llama-server gets at least ``max_concurrency`` slots, each holding the longest prompt the
+    server will see plus the output (``ctx_size`` scaled to match), within the KV memory the hardware config's
+    GPUs leave after the weights; on CPU memory does not bound it. Other engines, and fixed mode: unchanged.
+    """
+    engine = get_engine(job.engine_cfg.plugin)
+    sizer = getattr(engine, "sized_for_search", None)
+    if load.mode != "capacity" or sizer is None:
+        return job.engine_cfg, ""
+    slot_tokens = max([*load.prompt_len, *(load.capacity.prompt_len or [])]) + load.output_len + 1
+    free: float | None = None
+    kv: int | None = None
+    hw = job.hardware
+    if hw.backend == "cuda" and hw.gpu_memory_gb:
+        weights = sum(f.stat().st_size for f in job.model_dir.glob("*.gguf"))
+        free = KV_MEMORY_SHARE * hw.gpu_memory_gb * 1e9 * max(1, hw.gpus) - weights - COMPUTE_RESERVE_BYTES
+        kv = next((b for f in sorted(job.model_dir.glob("*.gguf")) if (b := gguf_kv_bytes_per_token(f))), None)
+    settings, why = sizer(job.engine_cfg.settings, load.capacity.max_concurrency, slot_tokens, kv, free)
+    return job.engine_cfg.model_copy(update={"settings": settings}), why
 
 
 def reused(out_dir: Path, digest: str) -> dict[str, Any] | None:
@@ -129,8 +159,10 @@ def run(job: ServeJob, session: Session, base: dict[str, Any], load: LoadCfg, to
                 return verdict
 
             known_pass, known_fail = bracket_from_cells(fixed_verdicts(fixed or [], slo, p))
-            closed = search_concurrency(by_concurrency, cap.start_concurrency, cap.max_concurrency, cap.max_probes,
-                                        known_pass=known_pass, known_fail=known_fail)
+            maximum, limit = search_limit(session, cap.max_concurrency, p + load.output_len,
+                                          str(base.get("parallel_set_by", "")))
+            closed = search_concurrency(by_concurrency, cap.start_concurrency, maximum, cap.max_probes,
+                                        known_pass=known_pass, known_fail=known_fail, limit=limit)
             c_star = int(closed.capacity)
             best = at.get(c_star, {})
             row = {**{k: base[k] for k in ("experiment", "model", "engine", "format", "hardware", "output_len")},
@@ -157,9 +189,22 @@ def run(job: ServeJob, session: Session, base: dict[str, Any], load: LoadCfg, to
     return {"capacity": rows, "probes": probes}
 
 
+def search_limit(session: Session, maximum: int, tokens_per_request: int, set_by: str = "") -> tuple[int, str]:
+    """The highest concurrency the search may probe, and its name: the server's own limit where that is lower
+    than the search's ``maximum`` (``load.capacity.max_concurrency``), else the search's. ``set_by``: what set
+    the server's limit where bakeoff sized it (the row's ``parallel_set_by``), so that an experiment's setting
+    is never read as the engine's limit."""
+    assert session.engine is not None
+    n, name = session.engine.concurrency_limit(tokens_per_request)
+    if n is not None and n <= maximum:
+        return n, f"{name} (set by the {set_by})" if set_by else name
+    return maximum, "search maximum"
+
+
 def _search_columns(s: Search, kind: str) -> dict[str, Any]:
     value: float | int = int(s.capacity) if kind == "concurrency" else round(s.capacity, 4)
     cols = {f"capacity_{kind}": value, f"{kind}_converged": s.converged, f"{kind}_at_limit": s.at_limit,
+            f"{kind}_limit": s.limit if s.at_limit else "",
             f"{kind}_probes": len(s.probes), f"binding_{kind}": s.binding}
     if kind == "concurrency":
         cols.update(concurrency_seeded=json.dumps(s.seeded) if s.seeded else "",

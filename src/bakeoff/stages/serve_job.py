@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from bakeoff.config.schema import DoctorCfg, EngineCfg, EvalCfg, HardwareCfg, LoadCfg
+from bakeoff.loadgen.sizing import ClientSizer
 
 
 @dataclass(frozen=True)
@@ -42,6 +43,8 @@ class ServeJob:
     # The experiment's resolved config hash (bakeoff.composition.compose.config_hash) this job serves under; stamped
     # on every row it indexes, so the summary can refuse rows of two configs.
     config_hash: str = ""
+    # The cells measured on this job's server so far, from which ``load.client.workers: auto`` sizes the next.
+    sizer: ClientSizer = field(default_factory=ClientSizer, compare=False)
 
     @classmethod
     def from_spec(cls, spec: dict[str, Any], *, fmt: str, model_dir: Path, tokenizer_dir: Path, out_dir: Path,

@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import json
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -93,6 +93,7 @@ class Prepared:
     cells: list[Cell]  # every cell of the variant, all blocks
     mine: list[Cell]  # this job's block's (all of them when the job has no block)
     pending: list[Cell]  # of ``mine``, those not already made with these settings
+    job: ServeJob  # the job, its llama.cpp slots sized for a capacity search (serve_capacity.sized_engine)
 
 
 def prepare(job: ServeJob) -> Prepared:
@@ -107,6 +108,7 @@ def prepare(job: ServeJob) -> Prepared:
     out_dir.mkdir(parents=True, exist_ok=True)
     tokenizer = AutoTokenizer.from_pretrained(job.tokenizer_dir)
     variant = variant_name(job.engine_name, fmt)
+    engine_cfg, parallel_set_by = serve_capacity.sized_engine(job, load)
     spec = ServerSpec(engine=engine_cfg, hardware=job.hardware, model_dir=job.model_dir, served_name=job.model,
                       log_path=out_dir / SERVER_LOG, toolchain_dir=job.toolchain_dir,
                       job_name=f"{job.experiment}-{job.model}-{variant}")
@@ -115,22 +117,25 @@ def prepare(job: ServeJob) -> Prepared:
             "weight_bytes": get_engine(engine_cfg.plugin).served_weight_bytes(manifest, engine_cfg.settings),
             "bits_per_weight": manifest.get("bits_per_weight"), "n_params": manifest.get("n_params"),
             "request_rate": load.request_rate, "engine_settings": engine_cfg.settings,
-            "engine_extra_args": engine_cfg.extra_args, "load_note": load_note}
+            "engine_extra_args": engine_cfg.extra_args, "load_note": load_note,
+            **({"parallel_set_by": parallel_set_by} if parallel_set_by else {})}
     base["spec_hash"] = cell_spec_hash(base, load)
     cells = cells_of(load)
     mine = cells if job.block is None else [c for c in cells if c.repeat == job.block]
     pending = [c for c in mine if not reusable(out_dir, c, base["spec_hash"], requests_for(load, c.concurrency))]
-    return Prepared(load, manifest, tokenizer, spec, Session(spec, engine_cfg.plugin), base, cells, mine, pending)
+    return Prepared(load, manifest, tokenizer, spec, Session(spec, engine_cfg.plugin), base, cells, mine, pending,
+                    replace(job, engine_cfg=engine_cfg))
 
 
 def run_cells(job: ServeJob, p: Prepared) -> tuple[str, str]:
     """Run ``p.pending`` on the session's server (started here; restarted for a new repeat or after it died)."""
-    return _run_pending(job, p.session, p.pending, p.base, p.load, p.tokenizer)
+    return _run_pending(p.job, p.session, p.pending, p.base, p.load, p.tokenizer)
 
 
 def _run(job: ServeJob, out: Path | None = None) -> dict[str, Any]:
-    engine_cfg, eval_cfg, out_dir, fmt = job.engine_cfg, job.eval_cfg, job.out_dir, job.fmt
     p = prepare(job)
+    job = p.job
+    engine_cfg, eval_cfg, out_dir, fmt = job.engine_cfg, job.eval_cfg, job.out_dir, job.fmt
     load, manifest, tokenizer, spec, session, base = p.load, p.manifest, p.tokenizer, p.spec, p.session, p.base
     cells, pending = p.cells, p.pending
     variant = variant_name(job.engine_name, fmt)

@@ -34,11 +34,11 @@ COLUMNS = [
     *SUMMARY_METRICS,
     "peak_rss_bytes", "memory_source", "peak_gpu_bytes", "weight_bytes", "bits_per_weight", "n_params",
     "startup_s", "server_start", "slot_ctx", "warmup_requests",
-    "client_cpu_s", "client_cpu_s_per_1k_tokens", "client_loop_lag_p99_ms",
-    *CLIENT_HEALTH_COLUMNS,
+    "client_cpu_s", "client_cpu_s_per_1k_tokens",
+    *CLIENT_HEALTH_COLUMNS, "client_rerun",
     *SERVER_METRICS,
     *[c for c in TELEMETRY_COLUMNS if c != "peak_gpu_bytes"], *FINGERPRINT_COLUMNS, *SCRAPE_COLUMNS,
-    "engine_settings", "config_hash", "load_note",
+    "engine_settings", "parallel_set_by", "config_hash", "load_note",
     # capacity probes (load.mode: capacity): which search, which SLO, its verdict; empty on the fixed cells
     "cell", "probe_of", "slo", "probe_passed", "probe_exceeded", "probe_recheck", "stopped_early", "peak_in_flight",
     "over_ttft_share", "over_ttft_share_ub95", "over_tpot_share", "over_tpot_share_ub95",
@@ -48,7 +48,8 @@ COLUMNS = [
 CAPACITY_COLUMNS = [
     "schema_version", "experiment", "model", "engine", "format", "hardware", "node_id", "prompt_len", "output_len",
     "slo", "slo_ttft_ms", "slo_tpot_ms",
-    "capacity_concurrency", "concurrency_converged", "concurrency_at_limit", "concurrency_probes", "binding_concurrency",
+    "capacity_concurrency", "concurrency_converged", "concurrency_at_limit", "concurrency_limit", "concurrency_probes",
+    "binding_concurrency",
     "concurrency_seeded", "concurrency_uncertain", "concurrency_recheck",
     "capacity_rate", "rate_converged", "rate_at_limit", "rate_probes", "binding_rate",
     "output_throughput_at_capacity", "request_goodput_at_capacity", "joules_per_output_token_at_capacity",
@@ -56,8 +57,8 @@ CAPACITY_COLUMNS = [
     "over_ttft_share_at_capacity", "over_ttft_share_ub95_at_capacity", "over_tpot_share_at_capacity",
     "over_tpot_share_ub95_at_capacity",
     # the client beside the server's limit: its CPU at capacity, and every probe of the search where it saturated
-    "client_cpu_s_at_capacity", "client_cpu_share_at_capacity", "client_saturated_at_capacity",
-    "client_saturated_probes",
+    "client_cpu_s_at_capacity", "client_cpu_share_at_capacity", "client_workers_at_capacity",
+    "client_saturated_at_capacity", "client_saturated_probes",
 ]
 
 

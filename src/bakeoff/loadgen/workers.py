@@ -1,0 +1,351 @@
+"""The load client's workers: each an event loop with its own connection pool, all on one clock.
+
+Why processes: one Python event loop streams a few thousand tokens a second a core at most, and a GPU node
+serves several times that, so a client that is one loop becomes the ceiling it measures. A cell's load is
+split across ``W`` workers, each a process (the first ``W = 1`` runs in the caller's process: a c=1 cell pays
+no process start), and merged back into one cell:
+
+* **Closed loop.** The cell's concurrency ``c`` is split across the workers (:func:`split`), and every slot
+  takes the next request index from one counter shared by all workers, so exactly ``c`` requests are in flight
+  until the requests run out, as with one process. A request's intended send time is the moment its slot
+  freed (the cell's start for the first wave); its schedule delay is how much later it was sent.
+* **Open loop.** The one Poisson schedule (bakeoff.loadgen.runner.arrival_gaps) is dealt round-robin across
+  the workers (:func:`deal`); each request is sent at its scheduled offset from the shared start, and its
+  schedule delay is the actual send time minus that offset.
+* **One start.** Workers warm up together (a first barrier, so every warm-up lands on its own idle server
+  slot), then wait at a second barrier; the caller then fixes the start ``t0`` a little ahead on the machine's
+  monotonic clock (``time.perf_counter``, system-wide on Linux) and releases them all. Every request's
+  ``start`` is relative to that one ``t0``.
+* **Early stop.** Each completed request goes to the caller, which applies the probe's ``stop_when`` and, once
+  it holds, raises a shared flag; no worker sends another request after it sees the flag.
+
+Each worker reports its own health (bakeoff.loadgen.health): its event loop's lag, its requests' schedule
+delay and its CPU time over the measured window.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import multiprocessing as mp
+import os
+import queue as queue_mod
+import resource
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import aiohttp
+import numpy as np
+
+from bakeoff.loadgen.client import send
+from bakeoff.loadgen.metrics import RequestRecord
+
+START_LEAD_S = 0.05  # how far ahead of the release the shared start is set, so every worker is waiting for it
+LAG_INTERVAL_S = 0.05  # the loop-lag monitor's sleep
+
+
+@dataclass(frozen=True)
+class Plan:
+    """One worker's part of a cell: picklable, so a worker process gets it whole."""
+
+    worker: int
+    url: str
+    model: str
+    prompts: list[str]  # every measured prompt of the cell, by request index
+    prompt_len: int
+    output_len: int
+    slots: int = 0  # closed loop: this worker's share of the concurrency
+    schedule: list[tuple[int, float]] | None = None  # open loop: (request index, send offset from t0 in s)
+    warm: list[str] = field(default_factory=list)  # its warm-up prompts
+    warm_slots: int = 1  # how many of them it sends at once (its share of the warm-up concurrency)
+    temperature: float = 0.0
+    headers: dict[str, str] | None = None
+    timeout_s: float = 600.0
+
+
+def split(total: int, workers: int) -> list[int]:
+    """``total`` (a concurrency) over ``workers`` as evenly as can be; no share is 0 (``workers <= total``)."""
+    if not 1 <= workers <= max(total, 1):
+        raise ValueError(f"cannot split {total} over {workers} workers")
+    return [total // workers + (k < total % workers) for k in range(workers)]
+
+
+def deal(offsets: list[float], workers: int) -> list[list[tuple[int, float]]]:
+    """The open-loop schedule dealt round-robin: request ``i`` goes to worker ``i mod W``, at its own offset."""
+    return [[(i, offsets[i]) for i in range(k, len(offsets), workers)] for k in range(workers)]
+
+
+class Control(Protocol):
+    """What a worker shares with the cell: the request counter, the stop flag, the barriers, the results."""
+
+    def take(self) -> int | None: ...
+    def stopped(self) -> bool: ...
+    async def barrier(self, phase: str) -> float: ...
+    def done(self, record: RequestRecord, end: float) -> None: ...
+    def end(self, health: dict[str, Any]) -> None: ...
+
+
+@dataclass
+class Local:
+    """The control of a worker in the caller's process (``W = 1``): plain values, the caller's callbacks."""
+
+    n: int
+    on_done: Callable[[RequestRecord, float], bool]  # True: stop
+    on_measure_start: Callable[[], None] | None = None
+    next_index: int = 0
+    stop: bool = False
+    health: list[dict[str, Any]] = field(default_factory=list)
+
+    def take(self) -> int | None:
+        if self.next_index >= self.n:
+            return None
+        self.next_index += 1
+        return self.next_index - 1
+
+    def stopped(self) -> bool:
+        return self.stop
+
+    async def barrier(self, phase: str) -> float:
+        if phase != "measure":
+            return 0.0
+        if self.on_measure_start is not None:
+            self.on_measure_start()
+        return time.perf_counter()
+
+    def done(self, record: RequestRecord, end: float) -> None:
+        if self.on_done(record, end):
+            self.stop = True
+
+    def end(self, health: dict[str, Any]) -> None:
+        self.health.append(health)
+
+
+@dataclass
+class Shared:
+    """The control of worker processes: shared-memory counter and flags, and one queue to the caller."""
+
+    n: int
+    counter: Any  # mp.Value("q")
+    stop: Any  # mp.Event
+    releases: dict[str, Any]  # phase -> mp.Event
+    t0: Any  # mp.Value("d")
+    out: Any  # mp.Queue
+    worker: int = 0
+
+    def take(self) -> int | None:
+        with self.counter.get_lock():
+            i = self.counter.value
+            if i >= self.n:
+                return None
+            self.counter.value = i + 1
+        return int(i)
+
+    def stopped(self) -> bool:
+        return bool(self.stop.is_set())
+
+    async def barrier(self, phase: str) -> float:
+        self.out.put(("ready", self.worker, phase))
+        await asyncio.get_running_loop().run_in_executor(None, self.releases[phase].wait)
+        return float(self.t0.value)
+
+    def done(self, record: RequestRecord, end: float) -> None:
+        self.out.put(("done", self.worker, (record, end)))
+
+    def end(self, health: dict[str, Any]) -> None:
+        self.out.put(("end", self.worker, health))
+
+
+async def _lag_monitor(samples: list[float], stop: asyncio.Event) -> None:
+    loop = asyncio.get_running_loop()
+    while not stop.is_set():
+        t = loop.time()
+        await asyncio.sleep(LAG_INTERVAL_S)
+        samples.append(max(0.0, loop.time() - t - LAG_INTERVAL_S))
+
+
+async def until(t: float) -> None:
+    """Wait for the moment ``t`` (``time.perf_counter``), never returning before it: a loop's timers may fire
+    up to a millisecond early, which would send a request before its time and start a worker before ``t0``."""
+    if (wait := t - time.perf_counter()) > 0.002:
+        await asyncio.sleep(wait - 0.001)
+    while time.perf_counter() < t:
+        await asyncio.sleep(0)
+
+
+def _cpu_s() -> float:
+    ru = resource.getrusage(resource.RUSAGE_SELF)
+    return ru.ru_utime + ru.ru_stime
+
+
+async def drive(plan: Plan, ctl: Control, cpu: Callable[[], float] = _cpu_s) -> None:
+    """Run one worker's warm-up and measured requests; report each request and, last, the worker's health.
+
+    ``cpu``: this worker's CPU clock (its process's, or its thread's where it shares the caller's process).
+    """
+    connector = aiohttp.TCPConnector(limit=0)  # kept alive and reused (bakeoff.loadgen.client)
+    fresh_connector = aiohttp.TCPConnector(limit=0, force_close=True)
+    timeout = aiohttp.ClientTimeout(total=plan.timeout_s)
+    async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session, \
+            aiohttp.ClientSession(connector=fresh_connector, timeout=timeout) as fresh:
+
+        async def one(rec: RequestRecord, prompt: str, t0: float) -> RequestRecord:
+            return await send(session, plan.url, plan.model, prompt, rec, t0, plan.temperature, plan.headers,
+                              None, fresh)
+
+        await ctl.barrier("warm")
+        if plan.warm:  # at once where there are slots for them: each lands on its own idle server slot
+            sem = asyncio.Semaphore(max(1, plan.warm_slots))
+
+            async def warm(i: int, p: str) -> None:
+                async with sem:
+                    await one(RequestRecord(-1 - i, plan.prompt_len, plan.output_len), p, time.perf_counter())
+
+            await asyncio.gather(*(warm(i, p) for i, p in enumerate(plan.warm)))
+        t0 = await ctl.barrier("measure")
+        lag: list[float] = []
+        stop_lag = asyncio.Event()
+        monitor = asyncio.create_task(_lag_monitor(lag, stop_lag))
+        await until(t0)
+        cpu0, wall0 = cpu(), time.perf_counter()
+        records: list[RequestRecord] = []
+
+        async def request(i: int, intended: float) -> None:
+            rec = RequestRecord(i, plan.prompt_len, plan.output_len, worker=plan.worker)
+            records.append(rec)
+            await one(rec, plan.prompts[i], t0)
+            rec.schedule_delay = rec.start - intended
+            rec.done = time.perf_counter() - t0
+            ctl.done(rec, rec.done)
+
+        if plan.schedule is None:
+            async def slot() -> None:
+                intended = 0.0
+                while not ctl.stopped() and (i := ctl.take()) is not None:
+                    await request(i, intended)
+                    intended = time.perf_counter() - t0  # the slot is free: its next request is due now
+
+            await asyncio.gather(*(slot() for _ in range(plan.slots)))
+        else:
+            tasks = []
+            for i, offset in plan.schedule:
+                await until(t0 + offset)
+                if ctl.stopped():
+                    break
+                tasks.append(asyncio.create_task(request(i, offset)))
+            await asyncio.gather(*tasks)
+        wall = time.perf_counter() - wall0
+        used = cpu() - cpu0
+        stop_lag.set()
+        await monitor
+    delays = [1000.0 * r.schedule_delay for r in records if r.schedule_delay is not None]
+    ctl.end({"worker": plan.worker, "requests": len(records), "cpu_s": used,
+             "cpu_share": used / wall if wall > 0 else float("nan"),
+             "loop_lag_p99_ms": float(np.percentile(lag, 99) * 1000.0) if lag else 0.0,
+             "schedule_delay_p50_ms": float(np.percentile(delays, 50)) if delays else 0.0,
+             "schedule_delay_p99_ms": float(np.percentile(delays, 99)) if delays else 0.0,
+             "retried": sum(r.retried for r in records)})
+
+
+def _event_loop_runner() -> Callable[[Any], Any]:
+    """uvloop's ``run`` where it is installed (a cheaper loop: fewer CPU-seconds a token), else asyncio's."""
+    try:
+        import uvloop
+    except ImportError:  # pragma: no cover - uvloop is a dependency on Linux
+        return asyncio.run
+    return uvloop.run
+
+
+def _worker_main(plan: Plan, ctl: Shared) -> None:
+    """A worker process: drive its plan; any error goes to the caller, which fails the cell with it."""
+    try:
+        _event_loop_runner()(drive(plan, ctl))
+    except BaseException:  # noqa: BLE001 - reported to the caller, which raises it there
+        ctl.out.put(("error", plan.worker, traceback.format_exc()[-2000:]))
+
+
+class WorkerError(RuntimeError):
+    """A worker process failed or vanished: the cell cannot be merged."""
+
+
+def run_processes(plans: list[Plan], n: int, on_done: Callable[[RequestRecord, float], bool],
+                  on_measure_start: Callable[[], None] | None = None, join_timeout_s: float = 30.0,
+                  ) -> list[dict[str, Any]]:
+    """Run each plan in its own process, with the barriers and shared counter above; returns their health.
+
+    ``on_done(record, end)`` runs in this process for each measured request as it completes; True stops the
+    cell. Every process is joined, or terminated, before this returns or raises.
+    """
+    ctx = mp.get_context("spawn")  # never fork a process that holds threads (telemetry, progress)
+    shared = dict(n=n, counter=ctx.Value("q", 0), stop=ctx.Event(),
+                  releases={"warm": ctx.Event(), "measure": ctx.Event()}, t0=ctx.Value("d", 0.0),
+                  out=ctx.Queue())
+    procs = [ctx.Process(target=_worker_main, args=(p, Shared(**shared, worker=p.worker)),
+                         name=f"bakeoff-worker-{p.worker}", daemon=True) for p in plans]
+    for proc in procs:
+        proc.start()
+    health: list[dict[str, Any]] = []
+    ready: dict[str, int] = {"warm": 0, "measure": 0}
+    out = shared["out"]
+    try:
+        while len(health) < len(plans):
+            try:
+                kind, worker, body = out.get(timeout=1.0)
+            except queue_mod.Empty:
+                if dead := [p.name for p in procs if not p.is_alive() and p.exitcode not in (0, None)]:
+                    raise WorkerError(f"load worker(s) exited: {', '.join(dead)}") from None
+                continue
+            if kind == "done":
+                if on_done(*body):
+                    shared["stop"].set()
+            elif kind == "ready":
+                ready[body] += 1
+                if ready[body] == len(plans):
+                    if body == "measure":
+                        if on_measure_start is not None:
+                            on_measure_start()
+                        shared["t0"].value = time.perf_counter() + START_LEAD_S
+                    shared["releases"][body].set()
+            elif kind == "end":
+                health.append(body)
+            else:
+                raise WorkerError(f"load worker {worker} failed:\n{body}")
+    finally:
+        shared["stop"].set()
+        for ev in shared["releases"].values():
+            ev.set()
+        for proc in procs:
+            proc.join(timeout=join_timeout_s)
+            if proc.is_alive():
+                proc.terminate()
+                proc.join(timeout=5)
+    return sorted(health, key=lambda h: h["worker"])
+
+
+def run_local(plan: Plan, n: int, on_done: Callable[[RequestRecord, float], bool],
+              on_measure_start: Callable[[], None] | None = None) -> list[dict[str, Any]]:
+    """Run one plan in this process (a worker that needs no process of its own); returns its health."""
+    ctl = Local(n, on_done, on_measure_start)
+
+    async def main() -> None:
+        await drive(plan, ctl, time.thread_time)  # its own thread's CPU: not the telemetry's or the progress bar's
+
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        _event_loop_runner()(main())
+    else:  # called from inside a running loop (an async caller): run in a thread of its own
+        import concurrent.futures
+
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            pool.submit(_event_loop_runner(), main()).result()
+    return ctl.health
+
+
+def available_cores() -> int:
+    """The CPUs this process may run on (its affinity), which bound the useful number of workers."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # pragma: no cover - not Linux
+        return os.cpu_count() or 1

@@ -1,0 +1,184 @@
+"""The load client's workers (bakeoff.loadgen.workers): the split, one start, the merge, and each worker's health.
+
+Against the echo server (bakeoff.loadgen.echo_server): a real HTTP server streaming real SSE, whose middleware
+counts the requests it is serving at each arrival, so what the server saw is checked, not what the client says.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from dataclasses import fields
+
+import pytest
+from aiohttp import web
+
+from bakeoff.engines.llamacpp import LlamaCppEngine
+from bakeoff.loadgen import sizing
+from bakeoff.loadgen.echo_server import serving
+from bakeoff.loadgen.metrics import RequestRecord, summarize
+from bakeoff.loadgen.runner import plans, run_cell, schedule
+from bakeoff.loadgen.workers import deal, split
+
+
+class Counter:
+    """Middleware: the requests in service when each one arrives, and the most at once."""
+
+    def __init__(self) -> None:
+        self.now = 0
+        self.peak = 0
+        self.lock = threading.Lock()
+
+    def middleware(self) -> object:
+        @web.middleware
+        async def count(request: web.Request, handler):  # noqa: ANN001, ANN202
+            if request.path != "/v1/completions":
+                return await handler(request)
+            with self.lock:
+                self.now += 1
+                self.peak = max(self.peak, self.now)
+            try:
+                return await handler(request)
+            finally:
+                with self.lock:
+                    self.now -= 1
+
+        return count
+
+
+@pytest.fixture
+def echo() -> Iterator[tuple[str, Counter]]:
+    counter = Counter()
+    with serving(token_delay_s=0.004, middlewares=[counter.middleware()]) as url:
+        yield url, counter
+
+
+def test_the_split_gives_every_worker_a_share_and_keeps_the_total() -> None:
+    assert split(7, 3) == [3, 2, 2] and split(64, 4) == [16] * 4 and split(1, 1) == [1]
+    for c in range(1, 40):
+        for w in range(1, c + 1):
+            parts = split(c, w)
+            assert sum(parts) == c and min(parts) >= 1 and max(parts) - min(parts) <= 1
+    with pytest.raises(ValueError, match="cannot split 2 over 3"):
+        split(2, 3)
+
+
+def test_the_open_loop_schedule_is_the_same_with_one_and_four_workers() -> None:
+    offsets = schedule(20.0, 50, seed=7)
+    assert offsets[0] == 0.0 and all(b > a for a, b in zip(offsets, offsets[1:], strict=False))
+    one = [x for part in deal(offsets, 1) for x in part]
+    four = sorted(x for part in deal(offsets, 4) for x in part)
+    assert one == four == list(enumerate(offsets))
+    for w in (1, 4):  # the workers' plans carry that one schedule, dealt round-robin
+        ps = plans("u", "m", ["p"] * 50, 2, 8, 50, w, request_rate=20.0, seed=7)
+        assert sorted(x for p in ps for x in (p.schedule or [])) == list(enumerate(offsets))
+        assert [len(p.schedule or []) for p in ps] == [len(range(k, 50, w)) for k in range(w)]
+
+
+@pytest.mark.parametrize("workers", [1, 4])
+def test_the_closed_loop_keeps_exactly_c_in_flight_and_merges_into_one_cell(echo: tuple[str, Counter],
+                                                                            workers: int) -> None:
+    url, counter = echo
+    c, n = 8, 40
+    res = run_cell(base_url=url, model="m", prompts=[f"p {i}" for i in range(n)], prompt_len=2, output_len=16,
+                   concurrency=c, warmup_prompts=["w"] * c, show_progress=False, workers=workers)
+    assert res.client["client_workers"] == workers
+    assert counter.peak == c  # the server never saw more than c at once (warm-ups included) ...
+    m = summarize(res.records, res.duration_s, concurrency=c)
+    assert m["peak_in_flight"] == c  # ... and the client had c in flight
+    # every measured request exactly once, each with every field of a record, on one clock
+    assert sorted(r.index for r in res.records) == list(range(n)) and m["completed"] == n
+    assert {r.worker for r in res.records} == set(range(workers))
+    assert all(set(r.to_json()) == {f.name for f in fields(RequestRecord)} for r in res.records)
+    assert min(r.start for r in res.records) >= 0 and res.duration_s >= max(r.start + r.e2el for r in res.records)
+    assert res.duration_s < 30 and m["total_output_tokens"] == 16 * n
+    # between the c-th send and the (n-c+1)-th response's end, every slot holds a request: the requests in
+    # flight (sent, response not yet ended), averaged over that span, are c; a slot refills within microseconds
+    assert all(r.done is not None and r.done >= r.start + r.e2el for r in res.records)
+    starts = sorted(r.start for r in res.records)
+    dones = sorted(r.done for r in res.records if r.done is not None)
+    lo, hi = starts[c - 1], dones[n - c]
+    edges = sorted({lo, hi, *[x for r in res.records for x in (r.start, r.done) if x is not None and lo < x < hi]})
+    busy = sum((b - a) * sum(r.start <= a and r.done is not None and r.done >= b for r in res.records)
+               for a, b in zip(edges, edges[1:], strict=False))
+    assert busy / (hi - lo) == pytest.approx(c, rel=0.01)
+
+
+def test_the_open_loop_sends_each_request_at_its_scheduled_time_on_the_shared_clock(echo: tuple[str, Counter]) -> None:
+    url, _ = echo
+    n, rate = 30, 40.0
+    res = run_cell(base_url=url, model="m", prompts=[f"p {i}" for i in range(n)], prompt_len=2, output_len=4,
+                   concurrency=n, request_rate=rate, seed=3, show_progress=False, workers=3)
+    offsets = schedule(rate, n, seed=3)
+    assert sorted(r.index for r in res.records) == list(range(n))
+    for r in res.records:
+        assert r.schedule_delay is not None and r.worker == r.index % 3
+        assert r.start == pytest.approx(offsets[r.index] + r.schedule_delay, abs=1e-9)
+        assert 0 <= r.schedule_delay < 0.05  # sent within 50 ms of its time
+    # the schedule's order is kept across the workers, wherever its times are more than 10 ms apart
+    start = {r.index: r.start for r in res.records}
+    assert all(start[i] < start[j] for i in range(n) for j in range(i + 1, n) if offsets[j] - offsets[i] > 0.01)
+
+
+def test_an_early_stop_seen_by_the_caller_stops_every_worker(echo: tuple[str, Counter]) -> None:
+    url, _ = echo
+    seen: list[int] = []
+
+    def stop(record: RequestRecord) -> bool:
+        seen.append(record.index)
+        return len(seen) >= 5
+
+    res = run_cell(base_url=url, model="m", prompts=[f"p {i}" for i in range(200)], prompt_len=2, output_len=8,
+                   concurrency=4, show_progress=False, workers=2, stop_when=stop)
+    assert res.client["stopped_early"] and 5 <= len(res.records) < 40
+
+
+@pytest.mark.slow
+def test_two_workers_against_the_echo_server_give_a_complete_cell_with_each_workers_health(
+        echo: tuple[str, Counter]) -> None:
+    import json
+
+    url, _ = echo
+    res = run_cell(base_url=url, model="m", prompts=[f"p {i}" for i in range(64)], prompt_len=2, output_len=32,
+                   concurrency=16, warmup_prompts=["w"] * 16, show_progress=False, workers=2)
+    assert len(res.records) == 64 and all(r.success for r in res.records)
+    per_worker = json.loads(res.client["client_worker_health"])
+    assert [h["worker"] for h in per_worker] == [0, 1] and sum(h["requests"] for h in per_worker) == 64
+    for h in per_worker:
+        assert h["cpu_s"] > 0 and 0 < h["cpu_share"] < 1.5 and h["loop_lag_p99_ms"] >= 0
+        assert h["schedule_delay_p99_ms"] >= h["schedule_delay_p50_ms"] >= 0
+    assert res.client["client_cpu_s"] == pytest.approx(sum(h["cpu_s"] for h in per_worker), rel=1e-3)
+    assert res.client["client_saturated"] is False, res.client["client_saturated_reason"]
+
+
+def test_auto_sizes_workers_from_the_rate_seen_on_the_server_bounded_by_cores_and_concurrency() -> None:
+    s = sizing.ClientSizer()
+    assert s.workers(1, 16) == 1  # c = 1: one worker, always
+    # unmeasured: 500 tok/s a request at 0.04 CPU-s/1k tokens, half a core a worker
+    assert s.workers(256, 16) == 11 and s.workers(256, 2) == 2 and s.workers(3, 16) == 1
+    assert sizing.ClientSizer([(3, 1e6, 0.04)]).workers(3, 16) == 3  # never more workers than requests in flight
+    # measured on an H100 (2026-12-06): 5150 tok/s at c = 32, 0.035 CPU-s per 1k tokens
+    s.observe(32, 5150.0, 0.035)
+    assert s.expected_tok_s(256) == pytest.approx(5150.0 * 8)  # at most proportional to c
+    assert s.workers(256, 16) == 3  # 41.2k tok/s x 0.035 / 1000 / 0.5 = 2.9
+    assert s.workers(32, 16) == 1 and s.workers(8, 16) == 1
+    s.observe(1, float("nan"), 0.03)  # a cell with no throughput teaches nothing
+    assert len(s.seen) == 1
+
+
+def test_llamacpp_slots_follow_the_search_maximum_within_the_kv_memory() -> None:
+    base = {"parallel": 32, "ctx_size": 49152, "flash_attn": "on"}
+    # room for every slot: parallel is the search's maximum, each slot keeps its context
+    roomy, why = LlamaCppEngine.sized_for_search(base, 64, 385, 524288, 80e9)
+    assert roomy["parallel"] == 64 and roomy["ctx_size"] == 64 * 1536 and why == "search maximum"
+    assert roomy["flash_attn"] == "on"
+    # Llama-2-7B (512 KiB a token) on an H100: 1024 slots of 385 tokens need 206 GB; the memory holds 327
+    big, why = LlamaCppEngine.sized_for_search({"parallel": 32, "ctx_size": 12320}, 1024, 385, 524288, 66e9)
+    assert why == "KV memory" and big["parallel"] == int(66e9 // (524288 * 385)) == 326
+    assert big["ctx_size"] == 326 * 385
+    # already enough: the experiment's own setting stands
+    same, why = LlamaCppEngine.sized_for_search(base, 16, 385, None, None)
+    assert same == base and why == "experiment"
+    # on CPU memory does not bound it
+    cpu, why = LlamaCppEngine.sized_for_search({"parallel": 4, "ctx_size": 8192}, 32, 65, None, None)
+    assert cpu["parallel"] == 32 and cpu["ctx_size"] == 32 * 2048 and why == "search maximum"
