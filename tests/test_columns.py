@@ -17,7 +17,7 @@ from bakeoff.cli import main
 from bakeoff.composition.compose import find_conf_dir
 from bakeoff.composition.sweep import points_from_snakemake, points_json
 from bakeoff.layout import COLUMNS_DOC, variant_name
-from bakeoff.loadgen.health import verdict
+from bakeoff.loadgen.health import cell_health
 from bakeoff.loadgen.metrics import RequestRecord, summarize
 from bakeoff.results import column_docs, columns
 from bakeoff.results.published import DEFAULT_PATH
@@ -31,12 +31,14 @@ def _cell(engine: str, fmt: str, bits: float) -> dict:
     """One cell record as serve_load writes it: ids, the real metrics of 8 synthetic requests, the client's."""
     records = [RequestRecord(index=i, prompt_len=32, output_len=8, start=0.01 * i, success=True, ttft=0.05 + 0.001 * i,
                              e2el=0.2 + 0.002 * i, itl=[0.02] * 7, prompt_tokens=32, output_tokens=8) for i in range(8)]
-    client = {"client_cpu_s_per_1k_tokens": 1.0, "client_loop_lag_p99_ms": 2.0, "client_cpu_share": 0.1,
-              "stopped_early": False}
+    worker = {"worker": 0, "requests": 8, "cpu_s": 0.05, "cpu_share": 0.1, "loop_lag_p99_ms": 2.0,
+              "schedule_delay_p50_ms": 0.1, "schedule_delay_p99_ms": 0.5, "retried": 0}
+    client = {**cell_health([worker]), "client_cpu_s_per_1k_tokens": 1.0, "stopped_early": False,
+              "client_rerun": False}
     return {"experiment": "smoke", "model": "smollm2-135m", "engine": engine, "format": fmt, "hardware": "cpu",
             "concurrency": 4, "prompt_len": 32, "output_len": 8, "repeat": 0, "requests": 8, "status": "ok",
             "reason": "", "weight_bytes": 1e8, "bits_per_weight": bits, "n_params": 1.35e8, "engine_settings": {},
-            **summarize(records, 0.5, {"ttft": 2000, "tpot": 200}, concurrency=4), **client, **verdict(client)}
+            **summarize(records, 0.5, {"ttft": 2000, "tpot": 200}, concurrency=4), **client}
 
 
 def _capacity_row(engine: str, fmt: str) -> dict:
