@@ -18,7 +18,7 @@ from bakeoff.config.schema import DoctorCfg
 from bakeoff.engines.support import predict, variants_of
 from bakeoff.hardware.doctor import DoctorError, analyze, capabilities, run
 
-from conftest import Pipeline, bakeoff
+from conftest import ROOT, Pipeline, bakeoff
 
 FIX = Path(__file__).parent / "fixtures" / "hardware"
 
@@ -52,12 +52,51 @@ def test_v100_node_expects_the_seeds_fp8_cell_unsupported() -> None:
 
 
 def test_a100_node_uses_marlin_and_reports_pcie() -> None:
-    rep, pred = _report("a100x2.handwritten", "v100x2")  # the seed's config on an A100 pair: warnings name the mismatch
+    cfg = load_config(["experiment=blog_v100", "hardware=auto"], facts=_facts("a100x2.handwritten"))
+    rep = analyze(_facts("a100x2.handwritten"), cfg.hardware, cfg.doctor)
+    pred = predict(rep, variants_of(cfg))
     assert rep["capabilities"] == {"native_fp8": False, "bf16": True, "vllm_fp8_marlin": True, "any_fp8": True}
     assert pred["vllm-fp8"]["expected"] == "supported" and "Marlin" in pred["vllm-fp8"]["reason"]
     assert rep["topology"]["matrix"] == [["X", "PXB"], ["PXB", "X"]] and rep["topology"]["interconnect"] == "pcie"
-    text = " ".join(rep["warnings"])
-    assert "Tesla V100" in text and "cuda_arch=70" in text and "interconnect=nvlink" in text
+    assert rep["warnings"] == []  # the composed config says pcie, as the node is linked
+
+
+def test_a_config_naming_another_gpu_stops_the_doctor_naming_both_and_the_fix() -> None:
+    """The H100 records ran hardware=h200 on an H100; the doctor's own findings (data, as NVML gave them) said so."""
+    h100 = json.loads((ROOT / "runs/h100-seed-2026-12-06/hardware.json").read_text())
+    cfg = load_config(["experiment=h200_seed"])  # its hardware: h200
+    with pytest.raises(DoctorError) as err:
+        analyze(h100, cfg.hardware, cfg.doctor)
+    text = str(err.value)
+    assert "hardware=h200 (1 x NVIDIA H200, 141 GB" in text and "1 x NVIDIA H100 80GB HBM3 (79.6 GiB" in text
+    assert "gpu_model 'NVIDIA H200'" in text and "gpu_memory_gb 141" in text and "hardware=auto" in text
+    # the seed's V100 config on an A100 pair: name, memory and compute capability all differ
+    v100 = load_config(["experiment=blog_v100"])
+    with pytest.raises(DoctorError, match=r"Tesla V100.*gpu_memory_gb 32 .*40 GiB.*cuda_arch 70 is not the node's 80"):
+        analyze(_facts("a100x2.handwritten"), v100.hardware, v100.doctor)
+    # the matching config passes without a word about the GPU
+    rep = analyze(h100, load_config(["experiment=h200_seed", "hardware=h100"]).hardware, cfg.doctor)
+    assert not any("H100" in w or "H200" in w for w in rep["warnings"])
+
+
+def test_hardware_auto_picks_the_config_of_the_nodes_gpus_or_composes_one() -> None:
+    h100 = json.loads((ROOT / "runs/h100-seed-2026-12-06/hardware.json").read_text())
+    h200 = _facts("h200")
+    assert load_config(["experiment=h200_seed", "hardware=auto"], facts=h100).hardware.name == "h100"
+    assert load_config(["experiment=h200_seed", "hardware=auto"], facts=h200).hardware.name == "h200"
+    two = copy.deepcopy(h200)
+    two["gpus"].append({**copy.deepcopy(h200["gpus"][0]), "index": 1, "uuid": "GPU-other", "bus_id": "00000000:00:07.0"})
+    two["pcie_topology"] = [[0, 50], [50, 0]]
+    assert load_config(["experiment=h200_seed", "hardware=auto"], facts=two).hardware.name == "h200x2"  # all its GPUs
+    assert load_config(["experiment=smoke", "hardware=auto"], facts={"nvml": "unavailable", "gpus": []}).hardware.name == "cpu"
+    # no config names an A100: one is composed from the findings, and a hardware.<key> beside auto still wins
+    hw = load_config(["experiment=blog_v100", "hardware=auto", "hardware.vllm_tensor_parallel_size=1"],
+                     facts=_facts("a100x2.handwritten")).hardware
+    assert (hw.name, hw.gpus, hw.gpu_model, hw.gpu_memory_gb, hw.cuda_arch, hw.interconnect) == (
+        "auto-nvidia-a100-pcie-40gb-x2", 2, "NVIDIA A100-PCIE-40GB", 40.0, 80, "pcie")
+    assert hw.vllm_tensor_parallel_size == 1 and hw.mem_bandwidth_gbs is None  # the doctor measures it on the node
+    # a GPU the config picked for it passes the doctor's check
+    analyze(_facts("a100x2.handwritten"), hw, DoctorCfg())
 
 
 def test_h200_recording_native_fp8() -> None:

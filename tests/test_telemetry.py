@@ -26,7 +26,10 @@ from bakeoff.hardware.telemetry import (
 
 ROOT = Path(__file__).resolve().parents[1]
 H200_UUID = next(g["uuid"] for g in json.loads((ROOT / "runs/h200-llamacpp-probe-2026-12-03/probe.json").read_text())["gpus"])
-# Hand-written: four GPUs in NVML (PCI bus) order.
+# Hand-written: four GPUs in NVML (PCI bus) order; the first is the H200, the others H100s (names and totals as
+# NVML reports them: runs/h200-llamacpp-probe-2026-12-03/probe.json, runs/h100-seed-2026-12-06/hardware.json).
+NAMES = ["NVIDIA H200", "NVIDIA H100 80GB HBM3", "NVIDIA H100 80GB HBM3", "NVIDIA H100 80GB HBM3"]
+TOTAL_MIB = [143771, 81559, 81559, 81559]
 UUIDS = [H200_UUID, "GPU-11111111-2222-3333-4444-555555555555", "GPU-11119999-0000-0000-0000-000000000000",
          "GPU-aaaaaaaa-bbbb-cccc-dddd-eeeeeeeeeeee"]
 
@@ -34,6 +37,7 @@ UUIDS = [H200_UUID, "GPU-11111111-2222-3333-4444-555555555555", "GPU-11119999-00
 @dataclass
 class _Mem:
     used: int
+    total: int = 0
 
 
 @dataclass
@@ -62,7 +66,11 @@ class HandWrittenNvml:
         return u
 
     def nvmlDeviceGetMemoryInfo(self, h: str) -> _Mem:  # noqa: N802
-        return _Mem(used=(self.uuids.index(h) + 1) * 10**9)
+        i = self.uuids.index(h)
+        return _Mem(used=(i + 1) * 10**9, total=TOTAL_MIB[i] << 20)
+
+    def nvmlDeviceGetName(self, h: str) -> bytes:  # noqa: N802 (older nvidia-ml-py returns bytes)
+        return NAMES[self.uuids.index(h)].encode()
 
     def nvmlDeviceGetUtilizationRates(self, h: str) -> _Util:  # noqa: N802
         return _Util(gpu=50)
@@ -146,3 +154,13 @@ def test_window_falls_back_to_power_integral_on_reset():
     # 300 W sampled over the window
     assert cols["energy_j"] == pytest.approx(300.0 * cols["telemetry_window_s"], rel=0.05)
     assert cols["avg_power_w"] == pytest.approx(300.0, rel=0.05)
+
+
+def test_window_names_the_servers_gpus_as_nvml_does():
+    """The rows carry the GPUs themselves (name, count, memory each), whatever the hardware config says."""
+    nv = HandWrittenNvml(UUIDS)
+    cols = _window(nv, "2,1").columns(output_tokens=1)
+    assert cols["gpu_name"] == "NVIDIA H100 80GB HBM3" and cols["gpu_count"] == 2
+    assert cols["gpu_memory_bytes"] == 81559 << 20
+    mixed = _window(HandWrittenNvml(UUIDS), "0,1").columns(output_tokens=1)
+    assert mixed["gpu_name"] == "NVIDIA H200 + NVIDIA H100 80GB HBM3" and mixed["gpu_memory_bytes"] == 81559 << 20

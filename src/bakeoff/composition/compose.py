@@ -71,9 +71,71 @@ def overrides_from_snakemake(config: Mapping[str, Any]) -> list[str]:
     return out
 
 
-def compose_raw(overrides: Sequence[str] = (), conf_dir: Path | None = None) -> dict[str, Any]:
-    """Hydra composition only: a plain, fully resolved dict."""
+TEMPLATE = "_template"  # conf/hardware/_template.yaml: every hardware field, never selected by name
+AUTO = "auto"  # hardware=auto: the config is picked or composed from the node's GPUs (bakeoff.hardware.match)
+
+
+def hardware_configs(conf_dir: Path) -> dict[str, dict[str, Any]]:
+    """Every selectable ``conf/hardware/<name>.yaml`` (``_template`` left out), by name."""
+    import yaml
+
+    out = {}
+    for p in sorted((conf_dir / "hardware").glob("*.yaml")):
+        if p.stem != TEMPLATE:
+            out[p.stem] = yaml.safe_load(p.read_text())
+    return out
+
+
+def node_facts(root: Path) -> dict[str, Any]:
+    """What ``hardware=auto`` reads: the doctor's record of this checkout (``results/hardware.json``) where
+    there is one (on the submit host, the node's, unpacked), else NVML now (the doctor's own probe)."""
+    from bakeoff.hardware.doctor import probe_gpus
+    from bakeoff.layout import HARDWARE
+
+    record = root / HARDWARE
+    if record.is_file():
+        try:
+            return json.loads(record.read_text())
+        except json.JSONDecodeError as e:
+            raise ConfigError(f"hardware=auto: the doctor's record {record} is not JSON ({e}); delete it") from None
+    return probe_gpus(measure_bandwidth=False)
+
+
+def _quoted(value: Any) -> str:
+    if isinstance(value, str):
+        return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
+    return _hydra_value(value)
+
+
+def resolve_auto(overrides: Sequence[str], conf_dir: Path, facts: Mapping[str, Any] | None = None) -> list[str]:
+    """``overrides`` with ``hardware=auto`` replaced by the config that fits the node (``facts``: the
+    doctor's findings; None: :func:`node_facts`).
+
+    A fitting ``conf/hardware/`` config is selected by name; where none fits, one composed from the
+    findings (bakeoff.hardware.match.compose) is set key by key over ``hardware=_template`` (which names
+    every field, so every key is replaced), ahead of the other
+    overrides, so a ``hardware.<key>=`` given beside ``hardware=auto`` still wins.
+    """
+    from bakeoff.hardware.match import choose
+
+    if f"hardware={AUTO}" not in overrides:
+        return list(overrides)
+    facts = facts if facts is not None else node_facts(conf_dir.parent)
+    try:
+        name, made = choose(facts, hardware_configs(conf_dir))
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+    rest = [o for o in overrides if o != f"hardware={AUTO}"]
+    if made is None:
+        return [*rest, f"hardware={name}"]
+    return [f"hardware={TEMPLATE}", *(f"hardware.{k}={_quoted(v)}" for k, v in made.items()), *rest]
+
+
+def compose_raw(overrides: Sequence[str] = (), conf_dir: Path | None = None,
+                facts: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """Hydra composition only: a plain, fully resolved dict (``facts``: the node's, for ``hardware=auto``)."""
     conf_dir = Path(conf_dir) if conf_dir else find_conf_dir()
+    overrides = resolve_auto(overrides, conf_dir, facts)
     GlobalHydra.instance().clear()
     try:
         with initialize_config_dir(config_dir=str(conf_dir.resolve()), version_base="1.3"):
@@ -98,9 +160,10 @@ def _format_validation(err: ValidationError) -> str:
     return "invalid config:\n" + "\n".join(lines)
 
 
-def load_config(overrides: Sequence[str] = (), conf_dir: Path | None = None) -> Config:
-    """Compose and validate; the single entry point for every consumer."""
-    raw = compose_raw(overrides, conf_dir)
+def load_config(overrides: Sequence[str] = (), conf_dir: Path | None = None,
+                facts: Mapping[str, Any] | None = None) -> Config:
+    """Compose and validate; the single entry point for every consumer (``facts``: see :func:`resolve_auto`)."""
+    raw = compose_raw(overrides, conf_dir, facts)
     try:
         cfg = Config.model_validate(raw)
     except ValidationError as e:

@@ -17,6 +17,9 @@ Two halves, so the rules can be tested without a GPU:
   that record into expected statuses of its variants (bakeoff.engines.support).
   Tests feed them NVML facts of V100, A100 (fixtures) and H200 (recorded) nodes.
 
+A config naming another GPU than the node's (name, memory or compute capability) stops the run here,
+before any job (bakeoff.hardware.match): its name would label every row.
+
 Capability rules (compute capability ``cc``): native FP8 needs cc >= 8.9;
 BF16 needs cc >= 8.0; vLLM's FP8 weight-only Marlin path needs cc >= 7.5; on
 7.0 (V100) no FP8 path exists.
@@ -41,6 +44,7 @@ from bakeoff.errors import BakeoffError
 from bakeoff.hardware import gpubandwidth
 from bakeoff.hardware.cpuflags import cpu_model_name, read_cpu_flags
 from bakeoff.hardware.ecc import growth, historical_uncorrected, volatile_uncorrected
+from bakeoff.hardware.match import describe_config, describe_node, mismatches
 from bakeoff.models.artifacts import atomic_write_text
 
 if TYPE_CHECKING:  # the probe also runs standalone on a bare GPU node (no pydantic there)
@@ -275,11 +279,12 @@ def analyze(facts: dict[str, Any], hw: HardwareCfg, doctor: DoctorCfg) -> dict[s
     caps = capabilities(cc, (facts.get("cpu") or {}).get("flags"))
     topo = topology(facts)
     if hw.backend == "cuda":
-        names = sorted({g["name"] for g in used})
-        if hw.gpu_model and any(hw.gpu_model.lower() not in n.lower() for n in names):
-            warnings.append(f"hardware config {hw.name!r} names {hw.gpu_model!r}; found {names}")
-        if hw.cuda_arch and cc is not None and round(cc * 10) != hw.cuda_arch:
-            warnings.append(f"hardware.cuda_arch={hw.cuda_arch} but the GPUs are compute capability {cc:.1f}")
+        if wrong := mismatches(facts, hw.model_dump(mode="json")):
+            raise DoctorError(
+                f"{describe_config(hw.model_dump(mode='json'))} does not describe this node, which has "
+                f"{describe_node(used)}: {'; '.join(wrong)}. Every row would name the wrong GPU. Run with "
+                "hardware=auto (the config is picked from conf/hardware/, or composed, from these findings), or "
+                "name the conf/hardware/ config of this GPU (docs/your-gpu-box.md makes one)")
         if hw.gpus > 1 and hw.interconnect and topo["interconnect"] and hw.interconnect != topo["interconnect"]:
             warnings.append(f"hardware.interconnect={hw.interconnect} but the GPUs are linked by {topo['interconnect']}")
     elif gpus:

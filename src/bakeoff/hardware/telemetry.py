@@ -34,9 +34,11 @@ COUNTER_MODULUS = 2**64  # nvmlDeviceGetTotalEnergyConsumption returns an unsign
 FALLBACK_POWER_LIMIT_W = 2000.0  # plausibility bound when NVML cannot tell a board's power limit
 COLUMNS = ["peak_gpu_bytes", "gpu_util_pct", "avg_power_w", "energy_j", "energy_source", "joules_per_output_token",
            "gpu_uuids", "telemetry_window_s"]
-# The node's state when the cell starts (its fingerprint beside the GPU UUIDs), and its clocks over the window:
-# what to look at when one block's cell is an outlier.
-FINGERPRINT_COLUMNS = ["gpu_driver", "gpu_power_limit_w", "gpu_sm_clock_start_mhz", "gpu_mem_clock_start_mhz",
+# The GPUs themselves as NVML names them (what the cell ran on, beside the config's name ``hardware``); the node's
+# state when the cell starts (its fingerprint beside the GPU UUIDs) and its clocks over the window: what to look
+# at when one block's cell is an outlier.
+FINGERPRINT_COLUMNS = ["gpu_name", "gpu_count", "gpu_memory_bytes",
+                       "gpu_driver", "gpu_power_limit_w", "gpu_sm_clock_start_mhz", "gpu_mem_clock_start_mhz",
                        "gpu_temp_start_c", "gpu_sm_clock_mean_mhz", "gpu_sm_clock_min_mhz"]
 
 
@@ -198,12 +200,18 @@ class GpuWindow:
         return None if any(v is None for v in vals) else vals
 
     def _fingerprint(self) -> dict[str, Any]:
-        """Driver, power limit, clocks and temperature at the cell's start (the first GPU's, or the list's max/min)."""
+        """The GPUs (name, count, memory per GPU), driver, power limit, clocks and temperature at the cell's start
+        (distinct names joined by `` + ``; the list's max/min of the rest)."""
         nv = self.nvml
         sm = self._per_device("nvmlDeviceGetClockInfo", getattr(nv, "NVML_CLOCK_SM", 1))
         mem = self._per_device("nvmlDeviceGetClockInfo", getattr(nv, "NVML_CLOCK_MEM", 2))
         temp = self._per_device("nvmlDeviceGetTemperature", getattr(nv, "NVML_TEMPERATURE_GPU", 0))
-        return {"gpu_driver": self._read("nvmlSystemGetDriverVersion"),
+        names = self._per_device("nvmlDeviceGetName")
+        memory = self._per_device("nvmlDeviceGetMemoryInfo")
+        return {"gpu_name": " + ".join(dict.fromkeys(str(n) for n in names)) if names else None,
+                "gpu_count": len(self.devices),
+                "gpu_memory_bytes": min(int(m.total) for m in memory) if memory else None,
+                "gpu_driver": self._read("nvmlSystemGetDriverVersion"),
                 "gpu_power_limit_w": min(d.power_limit_w for d in self.devices) if self.devices else None,
                 "gpu_sm_clock_start_mhz": min(sm) if sm else None,
                 "gpu_mem_clock_start_mhz": min(mem) if mem else None,

@@ -94,7 +94,8 @@ IDENTITY = _mixed(
         ("engine_version", "", "The engine's version as it reports it (vLLM's package or image tag, "
          "`llama.cpp@<commit>`).", "bakeoff.engines.base"),
         ("format", "", "Weight format (`formats.<name>`: fp16, fp8, q4_k_m ...).", SERVE),
-        ("hardware", "", "Hardware config name (`conf/hardware/`).", SERVE),
+        ("hardware", "", "Hardware config name (`conf/hardware/`; `hardware=auto` picks or composes it from the "
+         "node's GPUs). The GPUs themselves: `gpu_name`, `gpu_count`, `gpu_memory_bytes`.", SERVE),
         ("concurrency", COUNT, "Requests kept in flight (closed loop); the cap on in-flight requests of an "
          "open-loop cell.", CELLS),
         ("prompt_len", TOKENS, "Prompt length of every request of the cell.", CELLS),
@@ -303,6 +304,10 @@ TELEMETRY = _family(
         ("joules_per_output_token", "J/token", "`energy_j` over the cell's output tokens."),
         ("gpu_uuids", "JSON", "UUIDs of the GPUs the server used."),
         ("telemetry_window_s", S, "Length of the sampled window."),
+        ("gpu_name", "", "The GPUs' name as NVML reports it (distinct names joined by ` + `): what the cell ran "
+         "on, beside the config's name in `hardware`."),
+        ("gpu_count", COUNT, "GPUs the server used."),
+        ("gpu_memory_bytes", BYTES, "Memory of each GPU (NVML's total; the smallest where they differ)."),
         ("gpu_driver", "", "NVIDIA driver version."),
         ("gpu_power_limit_w", "W", "Enforced power limit (the lowest of the GPUs)."),
         ("gpu_sm_clock_start_mhz", "MHz", "SM clock at the start (the lowest of the GPUs)."),

@@ -269,6 +269,7 @@ def unpack(tarball: Path, root: Path) -> list[str]:
 
 
 CELL_COLUMNS = [
+    "hardware", "gpu_name", "gpu_count", "gpu_memory_bytes",
     "engine", "format", "concurrency", "prompt_len", "repeat", "block", "order", "requests", "warmup_requests",
     "completed", "status", "load_note", "output_throughput", "steady_output_throughput", "ramp_s", "tail_s",
     "tail_share", "p99_ttft_ms", "p99_tpot_ms", "median_ttft_ms", "median_tpot_ms", "server_median_tpot_ms",
@@ -276,8 +277,13 @@ CELL_COLUMNS = [
     "peak_waiting_requests", "peak_running_requests", "energy_source", "weight_bytes", "engine_settings",
     "spec_hash", "started_utc", "node_id", "gpu_driver", "gpu_power_limit_w", "gpu_sm_clock_start_mhz",
     "gpu_mem_clock_start_mhz", "gpu_temp_start_c", "gpu_sm_clock_mean_mhz", "gpu_sm_clock_min_mhz",
-    "client_cpu_s", "client_cpu_share", "client_saturated", "client_saturated_reason",
+    "client_cpu_s", "client_cpu_share", "client_loop_lag_p99_ms", "client_saturated", "client_saturated_reason",
+    "cell", "ended_utc", "server_start", "startup_s",
 ]
+# The pipeline's tables a record may hold beside what `record` derives (made on the submit host from the same
+# tarball); `record` corrects their hardware columns as it does the cells'.
+PIPELINE_TABLES = ["summary.csv", "capacity.csv"]
+GPU_COLUMNS = ["gpu_name", "gpu_count", "gpu_memory_bytes"]
 
 
 def _csv(path: Path, rows: list[dict], columns: list[str]) -> None:
@@ -290,20 +296,90 @@ def _csv(path: Path, rows: list[dict], columns: list[str]) -> None:
             w.writerow({k: json.dumps(v, sort_keys=True) if isinstance(v, (dict, list)) else v for k, v in r.items()})
 
 
-def record(tarball: Path, out: Path, log_lines: int = 3) -> dict[str, Path]:
-    """Derive a run record from a node's results tarball: every cell, every kernel benchmark, log ends.
+def hardware_correction(rec: dict) -> dict | None:
+    """Where the doctor's record shows the run's config naming another GPU than the node's: the config
+    ``hardware=auto`` picks from the doctor's findings (``name``, ``config``), the config as run and how it
+    differs. None where the config describes the node."""
+    from bakeoff.composition.compose import find_conf_dir, hardware_configs
+    from bakeoff.config.schema import HardwareCfg
+    from bakeoff.hardware.match import choose, mismatches
 
-    Reads only what the node wrote, so a committed record holds nothing typed by hand: ``cells.csv``
-    (every cell JSON, whichever invocation made it), ``kernel.csv`` (llama-bench), ``server-log-ends.txt``
-    (each server log's first and last lines), the doctor's ``hardware.json`` and the build's manifest.
+    as_run = rec["hardware_config"]
+    wrong = mismatches(rec, as_run)
+    if not wrong:
+        return None
+    configs = hardware_configs(find_conf_dir(Path(__file__).parent))
+    name, made = choose(rec, configs)
+    config = HardwareCfg.model_validate(made or configs[name]).model_dump(mode="json")
+    return {"name": name, "config": config, "as_run": as_run, "mismatches": wrong}
+
+
+def gpu_facts(rec: dict, node_id: str | None) -> dict:
+    """``gpu_name``, ``gpu_count``, ``gpu_memory_bytes`` of a row's GPUs (its ``node_id``, ``gpu:<uuid,...>``)
+    from the doctor's findings: for rows made before the telemetry recorded them."""
+    gpus = rec.get("gpus") or []
+    if node_id and str(node_id).startswith("gpu:"):
+        used = str(node_id)[4:].split(",")
+        gpus = [g for g in gpus if g.get("uuid") in used]
+        if len(gpus) != len(used):
+            return {}
+    if not gpus:
+        return {}
+    return {"gpu_name": " + ".join(dict.fromkeys(str(g["name"]) for g in gpus)), "gpu_count": len(gpus),
+            "gpu_memory_bytes": min(int(g["memory_total_mib"]) << 20 for g in gpus)}
+
+
+def _correct_row(row: dict, rec: dict, fix: dict | None) -> dict:
+    out = dict(row)
+    if not all(out.get(k) not in (None, "") for k in GPU_COLUMNS):
+        out.update(gpu_facts(rec, out.get("node_id")))
+    if fix is not None and out.get("hardware") == fix["as_run"]["name"]:
+        out["hardware"] = fix["name"]
+    return out
+
+
+def _correct_table(path: Path, rec: dict, fix: dict | None) -> None:
+    """A pipeline table's ``hardware`` and GPU columns, corrected in place (other columns as they were)."""
+    import csv
+
+    with open(path, newline="") as f:
+        reader = csv.DictReader(f)
+        columns, rows = list(reader.fieldnames or []), list(reader)
+    if "hardware" not in columns:
+        return
+    at = columns.index("hardware") + 1
+    columns[at:at] = [c for c in GPU_COLUMNS if c not in columns]
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=columns, lineterminator="\n")
+        w.writeheader()
+        for r in rows:
+            w.writerow(_correct_row(r, rec, fix))
+
+
+def record(tarball: Path, out: Path, log_lines: int = 3) -> dict[str, Path]:
+    """Derive a run record from a node's results tarball: every cell, every kernel benchmark, log ends, and the
+    README's numbers.
+
+    Reads only what the node wrote (and the Snakemake log of each call, ``call<N>-snakemake.log`` in ``out``),
+    so a committed record holds nothing typed by hand: ``cells.csv`` (every cell JSON, whichever invocation
+    made it), ``kernel.csv`` (llama-bench), ``server-log-ends.txt`` (each server log's first and last lines),
+    the doctor's ``hardware.json``, the build's manifest, and the README's generated section
+    (bakeoff.stages.node_readme). Where the doctor's findings show the run's config naming another GPU,
+    rows name the config ``hardware=auto`` picks from them and ``hardware.json`` keeps the run's config as
+    ``hardware_config_as_run`` (:func:`hardware_correction`).
     """
     import tempfile
+
+    from bakeoff.stages import node_readme
 
     out.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         unpack(tarball, root)
-        cells = [json.loads(p.read_text()) for p in sorted(root.glob("results/raw/*/*/*/c[0-9]*-p*.json"))]
+        rec = json.loads((root / "results/hardware.json").read_text())
+        fix = hardware_correction(rec)
+        cells = [_correct_row(json.loads(p.read_text()), rec, fix)
+                 for p in sorted(root.glob("results/raw/*/*/*/c[0-9]*-p*.json"))]
         _csv(out / "cells.csv", cells, CELL_COLUMNS)
         kernels = []
         for p in sorted(root.glob("results/kernel/*/*.json")):
@@ -319,16 +395,33 @@ def record(tarball: Path, out: Path, log_lines: int = 3) -> dict[str, Path]:
             ends += [f"== {p.relative_to(root / 'results/raw')} ({len(lines)} lines)", *lines[:log_lines], "...",
                      *lines[-log_lines:], ""]
         (out / "server-log-ends.txt").write_text("\n".join(ends))
-        shutil.copy2(root / "results/hardware.json", out / "hardware.json")
+        if fix is None:
+            shutil.copy2(root / "results/hardware.json", out / "hardware.json")
+        else:
+            fixed = {**rec, "hardware_config": fix["config"], "hardware_config_as_run": fix["as_run"],
+                     "hardware_config_note": f"the run's config ({fix['as_run']['name']}) does not describe this node: "
+                     f"{'; '.join(fix['mismatches'])}. hardware_config is the config hardware=auto picks from gpus "
+                     "(bakeoff node record)"}
+            (out / "hardware.json").write_text(json.dumps(fixed, indent=2) + "\n")
         for m in root.glob("build/llamacpp/*-cuda*/manifest.json"):
             shutil.copy2(m, out / "build-manifest.json")
+        for name in PIPELINE_TABLES:
+            if (out / name).is_file():
+                _correct_table(out / name, rec, fix)
         from bakeoff.results.derived import measured_bandwidth_gbs
 
-        rec = json.loads((root / "results/hardware.json").read_text())
         hw = rec["hardware_config"]
         bandwidth = measured_bandwidth_gbs(hw, rec) or hw["mem_bandwidth_gbs"]
         (out / "table.md").write_text(format_table(cells, kernels, bandwidth))
-    return {n: out / n for n in ("cells.csv", "kernel.csv", "server-log-ends.txt", "hardware.json", "table.md")}
+        capacity, probes = [], []
+        for p in sorted(root.glob("results/raw/*/*/*/capacity.json")):
+            found = json.loads(p.read_text())
+            capacity += [_correct_row(r, rec, fix) for r in found.get("capacity", [])]
+            probes += found.get("probes", [])
+        section = node_readme.generated(rec, fix, cells, capacity, probes, node_readme.read_calls(out))
+        node_readme.write_readme(out / "README.md", section, out.name)
+    return {n: out / n for n in ("cells.csv", "kernel.csv", "server-log-ends.txt", "hardware.json", "table.md",
+                                 "README.md")}
 
 
 def _config(c: dict) -> str:
