@@ -24,7 +24,8 @@ embedded model on this CPU), an existing server (``--url``, e.g. vLLM on a GPU n
 
     .venv/bin/python benchmarks/client_vs_vllm_bench.py --rounds 10
     .venv/bin/python benchmarks/client_vs_vllm_bench.py --echo-token-delay-ms 5 --concurrency 32 --rounds 6
-    python3 benchmarks/client_vs_vllm_bench.py --url http://127.0.0.1:8000 --model-dir DIR --served-name m \
+    python3 benchmarks/client_vs_vllm_bench.py --model-dir models/llama2-7b-synthetic/fp8-online \
+        --config experiment=h100_capacity hardware=auto --prompt-len 128 --output-len 256 \
         --concurrency 64 128 256 512 --clients bakeoff:1 bakeoff:4 vllm_bench --rounds 1
 
 Targets (from the serving issue): output tok/s within +-3%, median TTFT and
@@ -147,7 +148,7 @@ def server(a: argparse.Namespace, tok) -> Iterator[str]:
     from bakeoff.composition.compose import load_config
     from bakeoff.engines import ServerSpec, get_engine
 
-    cfg = load_config([])
+    cfg = load_config(a.config)  # e.g. experiment=h100_capacity hardware=auto on a GPU node: its vLLM settings
     engine_cfg = cfg.engines["vllm"].model_copy(
         update={"extra_args": [*cfg.engines["vllm"].extra_args, "--no-enable-prefix-caching"]})
     spec = ServerSpec(engine=engine_cfg, hardware=cfg.hardware, model_dir=Path(a.model_dir),
@@ -171,6 +172,8 @@ def main() -> int:
     ap.add_argument("--url", help="an existing server to drive (not started here)")
     ap.add_argument("--echo-token-delay-ms", type=float, help="drive the echo server at this time a token")
     ap.add_argument("--served-name", default="bench")
+    ap.add_argument("--config", nargs="*", default=[],
+                    help="Hydra overrides for the vLLM started here (default: the default experiment's)")
     ap.add_argument("--concurrency", type=int, nargs="+", default=[8])
     ap.add_argument("--clients", nargs="+", default=["bakeoff:1", "vllm_bench"])
     ap.add_argument("--prompt-len", type=int, default=128)

@@ -172,10 +172,13 @@ def test_llamacpp_slots_follow_the_search_maximum_within_the_kv_memory() -> None
     roomy, why = LlamaCppEngine.sized_for_search(base, 64, 385, 524288, 80e9)
     assert roomy["parallel"] == 64 and roomy["ctx_size"] == 64 * 1536 and why == "search maximum"
     assert roomy["flash_attn"] == "on"
-    # Llama-2-7B (512 KiB a token) on an H100: 1024 slots of 385 tokens need 206 GB; the memory holds 327
-    big, why = LlamaCppEngine.sized_for_search({"parallel": 32, "ctx_size": 12320}, 1024, 385, 524288, 66e9)
-    assert why == "KV memory" and big["parallel"] == int(66e9 // (524288 * 385)) == 326
-    assert big["ctx_size"] == 326 * 385
+    # Llama-2-7B (512 KiB a token) on an H100: 1024 slots of 385 tokens need 206 GB; 40 GB hold 198
+    big, why = LlamaCppEngine.sized_for_search({"parallel": 32, "ctx_size": 12320}, 1024, 385, 524288, 40e9)
+    assert why == "KV memory" and big["parallel"] == int(40e9 // (524288 * 385)) == 198
+    assert big["ctx_size"] == 198 * 385
+    # more memory than llama.cpp has sequences: its own maximum, named
+    most, why = LlamaCppEngine.sized_for_search({"parallel": 32, "ctx_size": 12320}, 1024, 385, 524288, 66e9)
+    assert most["parallel"] == LlamaCppEngine.MAX_SLOTS == 256 and why == "llama.cpp maximum (256 sequences)"
     # already enough: the experiment's own setting stands
     same, why = LlamaCppEngine.sized_for_search(base, 16, 385, None, None)
     assert same == base and why == "experiment"

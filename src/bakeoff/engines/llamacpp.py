@@ -47,13 +47,18 @@ class LlamaCppEngine(Engine):
         n = self.slots(self.spec.engine.settings)
         return (n, "llama.cpp --parallel") if n else (None, "")
 
+    # The most slots (sequences) llama.cpp serves at once: LLAMA_MAX_SEQ in the pinned source's
+    # src/llama-cparams.h; a larger --parallel fails the start ("n_seq_max must be <= 256").
+    MAX_SLOTS = 256
+
     @classmethod
     def sized_for_search(cls, settings: Mapping[str, Any], maximum: int, slot_tokens: int,
                          kv_bytes_per_token: int | None, free_bytes: float | None) -> tuple[dict[str, Any], str]:
         """Settings whose slots let a capacity search reach ``maximum`` requests, each slot holding
         ``slot_tokens``: ``parallel`` at least ``maximum`` and ``ctx_size`` = slots x tokens, or as many slots as
-        ``free_bytes`` of KV memory hold (``kv_bytes_per_token`` each). Returns the settings and what set
-        ``parallel``: ``experiment`` (already enough), ``search maximum``, or ``KV memory``."""
+        ``free_bytes`` of KV memory hold (``kv_bytes_per_token`` each), and never more than llama.cpp's own
+        ``MAX_SLOTS``. Returns the settings and what set ``parallel``: ``experiment`` (already enough),
+        ``search maximum``, ``KV memory``, or ``llama.cpp maximum``."""
         have = int(settings.get("parallel") or 0)
         per_slot = int(settings.get("ctx_size") or 0) // max(have, 1)
         if have >= maximum and per_slot >= slot_tokens:
@@ -63,6 +68,8 @@ class LlamaCppEngine(Engine):
             fit = int(free_bytes // (kv_bytes_per_token * slot_tokens))
             if fit < want:  # never below what the experiment itself set
                 want, why = (max(fit, 1), "KV memory") if fit > have else (max(have, 1), "experiment")
+        if want > cls.MAX_SLOTS:
+            want, why = cls.MAX_SLOTS, f"llama.cpp maximum ({cls.MAX_SLOTS} sequences)"
         slot = max(per_slot, slot_tokens)
         return {**settings, "parallel": want, "ctx_size": want * slot}, why
 

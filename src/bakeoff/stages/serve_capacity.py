@@ -109,7 +109,8 @@ def run(job: ServeJob, session: Session, base: dict[str, Any], load: LoadCfg, to
     ``fixed``: the variant's fixed cell records, whose verdicts seed each concurrency search's bracket.
     """
     cap = load.capacity
-    slots = get_engine(job.engine_cfg.plugin).slots(job.engine_cfg.settings) or 0  # each warmed before a probe
+    # Every fixed slot serves a warm-up once per server start (the first probe after a start warms them all).
+    slots = get_engine(job.engine_cfg.plugin).slots(job.engine_cfg.settings) or 0
     rows: list[dict[str, Any]] = []
     probes: list[dict[str, Any]] = []
 
@@ -151,7 +152,7 @@ def run(job: ServeJob, session: Session, base: dict[str, Any], load: LoadCfg, to
             def by_concurrency(c: int, slo: Slo = slo, p: int = p, at: dict = at, rechecked: set = rechecked) -> Verdict:
                 again = c in at  # the search's end re-checks a load it probed: a second file, the first kept
                 verdict, rec = probe(slo, "concurrency", c, p, max(cap.min_requests, cap.waves * c),
-                                     max(c, slots), again)
+                                     max(c, job.slots_to_warm(session.starts, slots) or 0), again)
                 if again:
                     rechecked.add(c)
                 else:
@@ -173,7 +174,8 @@ def run(job: ServeJob, session: Session, base: dict[str, Any], load: LoadCfg, to
                 rates: dict[float, dict] = {}
 
                 def by_rate(r: float, slo: Slo = slo, p: int = p, rates: dict = rates, c: int = c_star) -> Verdict:
-                    verdict, rec = probe(slo, "rate", r, p, max(cap.min_requests, cap.waves * c), max(c, slots))
+                    verdict, rec = probe(slo, "rate", r, p, max(cap.min_requests, cap.waves * c),
+                                         max(c, job.slots_to_warm(session.starts, slots) or 0))
                     rates[r] = rec
                     return verdict
 

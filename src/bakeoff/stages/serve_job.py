@@ -45,6 +45,16 @@ class ServeJob:
     config_hash: str = ""
     # The cells measured on this job's server so far, from which ``load.client.workers: auto`` sizes the next.
     sizer: ClientSizer = field(default_factory=ClientSizer, compare=False)
+    # The server starts (Session.starts) whose fixed slots have all served a warm-up: later cells and probes on
+    # the same start warm only the slots they use.
+    slots_warmed: set[int] = field(default_factory=set, compare=False)
+
+    def slots_to_warm(self, start: int, slots: int | None) -> int | None:
+        """``slots`` where this server start has not warmed them all yet (marking it), else None."""
+        if not slots or start in self.slots_warmed:
+            return None
+        self.slots_warmed.add(start)
+        return slots
 
     @classmethod
     def from_spec(cls, spec: dict[str, Any], *, fmt: str, model_dir: Path, tokenizer_dir: Path, out_dir: Path,

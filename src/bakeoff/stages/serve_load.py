@@ -222,7 +222,7 @@ def _run_pending(job: ServeJob, session: Session, pending: list[Cell], base: dic
                                  "reason": f"server restart failed: {reason}", "completed": 0, "failed": n})
                 return status, reason
         served_repeat = cell.repeat
-        slots = get_engine(job.engine_cfg.plugin).slots(job.engine_cfg.settings)
+        slots = job.slots_to_warm(session.starts, get_engine(job.engine_cfg.plugin).slots(job.engine_cfg.settings))
         n, n_warm = requests_for(load, cell.concurrency), warmup_for(load, cell.concurrency, slots)
         seed = stable_seed(cell.concurrency, cell.prompt_len, cell.repeat)
         measure(job, session, base, load, tokenizer, versions, cell, n=n, n_warm=n_warm, seed=seed,
