@@ -21,6 +21,18 @@ except ConfigError as e:
     raise WorkflowError(f"bakeoff config: {e}") from None
 
 CFG = next(iter(POINTS.values())).cfg  # the build side (model, formats, toolchain) is shared by all points
+
+
+# Before the first job of a real run (never for a plan, -n): what on this machine stops an engine from serving as
+# configured, e.g. a CUDA config whose vLLM interpreter has a CPU-only torch (bakeoff.composition.compose.run_problems).
+onstart:
+    from snakemake_interface_executor_plugins.settings import DeploymentMethod
+    from bakeoff.composition.compose import run_problems
+
+    _conda = DeploymentMethod.CONDA in (workflow.deployment_settings.deployment_method or ())
+    _problems = sorted({p for point in POINTS.values() for p in run_problems(point.cfg, conda=_conda)})
+    if _problems:
+        raise WorkflowError("bakeoff: nothing has run:\n" + "\n".join(f"  {p}" for p in _problems))
 CONFIG_HASH = config_hash(CFG)
 POINT_HASHES = " ".join(f"{n}:{p.hash}" for n, p in POINTS.items())
 TC = CFG.toolchain

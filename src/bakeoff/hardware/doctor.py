@@ -34,6 +34,7 @@ import socket
 import statistics
 import subprocess
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -133,7 +134,7 @@ def _ecc(pynvml: Any, h: Any) -> dict[str, Any]:
     return out
 
 
-def probe_gpus(measure_bandwidth: bool = True) -> dict[str, Any]:
+def probe_gpus(measure_bandwidth: bool = True, torch_pythons: Sequence[str] = ()) -> dict[str, Any]:
     """Every GPU NVML sees; ``{"nvml": "unavailable: ...", "gpus": []}`` on a machine without a driver."""
     try:
         import pynvml
@@ -172,7 +173,7 @@ def probe_gpus(measure_bandwidth: bool = True) -> dict[str, Any]:
                          "max_gen": _nvml_call(pynvml.nvmlDeviceGetMaxPcieLinkGeneration, h),
                          "max_width": _nvml_call(pynvml.nvmlDeviceGetMaxPcieLinkWidth, h)},
                 "nvlink": links,
-                **(gpubandwidth.probe(i) if measure_bandwidth else {}),
+                **(gpubandwidth.probe(i, torch_pythons) if measure_bandwidth else {}),
             })
         facts["pcie_topology"] = [[0 if a == b else _nvml_call(pynvml.nvmlDeviceGetTopologyCommonAncestor, ha, hb)
                                    for b, hb in enumerate(handles)] for a, ha in enumerate(handles)]
@@ -193,10 +194,10 @@ def nvidia_smi_topo() -> str | None:
     return p.stdout if p.returncode == 0 else f"failed ({p.returncode}): {p.stderr.strip()[:300]}"
 
 
-def probe(bandwidth_mib: int = 256) -> dict[str, Any]:
+def probe(bandwidth_mib: int = 256, torch_pythons: Sequence[str] = ()) -> dict[str, Any]:
     """Everything readable about this node (the part a fixture records)."""
     return {"host": socket.gethostname(), "kernel": platform.release(), "cpu": probe_cpu(bandwidth_mib),
-            **probe_gpus(), "nvidia_smi_topo": nvidia_smi_topo()}
+            **probe_gpus(torch_pythons=torch_pythons), "nvidia_smi_topo": nvidia_smi_topo()}
 
 
 # --------------------------------------------------------------------------- analyze
@@ -290,7 +291,7 @@ def analyze(facts: dict[str, Any], hw: HardwareCfg, doctor: DoctorCfg) -> dict[s
 
 def run(hw: HardwareCfg, doctor: DoctorCfg, out: Path, facts: dict[str, Any] | None = None) -> dict[str, Any]:
     """Probe (unless facts are given), analyze, and write ``out`` atomically. Raises DoctorError."""
-    facts = facts if facts is not None else probe(doctor.bandwidth_probe_mib)
+    facts = facts if facts is not None else probe(doctor.bandwidth_probe_mib, [hw.vllm_python] if hw.vllm_python else [])
     report = {"schema": SCHEMA, "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
               "hardware_config": hw.model_dump(mode="json"), **facts, **analyze(facts, hw, doctor)}
     atomic_write_text(out, json.dumps(report, indent=2) + "\n")
