@@ -12,6 +12,7 @@ from bakeoff.errors import ConfigError
 from bakeoff.layout import spec_path, toolchain_id
 from bakeoff.loadgen.blocks import previous, schedule, slot_of
 from bakeoff.composition.sweep import points_from_snakemake
+from bakeoff.composition.walltime import serve_minutes
 
 # One point per sweep combination (--config sweep="a=1,2"); one point without a sweep.
 # --config composed=params.yaml runs DVC's Hydra-composed config instead (see dvc.yaml).
@@ -224,6 +225,14 @@ def slot_made_under_current_config(experiment, slot):
         return json.loads(out.read_text()).get("config_hash") == POINTS[experiment].hash
     except (OSError, ValueError):
         return False
+
+
+def serve_runtime(last_block):
+    """A serving job's Slurm wall time in minutes, from its own cells (bakeoff.composition.walltime); the serving
+    group job asks for the sum of its jobs' times."""
+    def runtime(wildcards):
+        return serve_minutes(POINTS[wildcards.experiment].cfg, wildcards.engine, wildcards.format, last_block=last_block)
+    return runtime
 
 
 def serve_inputs(wildcards):
