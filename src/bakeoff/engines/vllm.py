@@ -140,13 +140,13 @@ class VllmEngine(Engine):
 
     @classmethod
     def predict_support(cls, method: str, capabilities: Mapping[str, Any], cc: float | None) -> tuple[str, str]:
-        """FP8 weights need an FP8 path: none on the CPU build or below compute capability 7.5, Marlin below 8.9."""
+        """FP8 weights need an FP8 path: none on the CPU build or below compute capability 8.0, Marlin below 8.9."""
         if method not in cls.runtime_fp8_methods:
             return "supported", ""
         if cc is None:
             return "unsupported", "vLLM's CPU build has no FP8 linear kernels"
         if not capabilities["any_fp8"]:
-            return "unsupported", f"no FP8 path on compute capability {cc:.1f} (needs >= 7.5)"
+            return "unsupported", f"no FP8 path on compute capability {cc:.1f} (needs >= 8.0)"
         if not capabilities["native_fp8"]:
             return "supported", f"FP8 weight-only through Marlin on compute capability {cc:.1f} (native FP8 needs >= 8.9)"
         return "supported", f"native FP8 on compute capability {cc:.1f}"

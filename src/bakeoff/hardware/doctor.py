@@ -18,8 +18,8 @@ Two halves, so the rules can be tested without a GPU:
   Tests feed them NVML facts of V100, A100 (fixtures) and H200 (recorded) nodes.
 
 Capability rules (compute capability ``cc``): native FP8 needs cc >= 8.9;
-BF16 needs cc >= 8.0; vLLM's FP8 weight-only Marlin path needs cc >= 7.5; on
-7.0 (V100) no FP8 path exists.
+BF16 needs cc >= 8.0; vLLM's FP8 weight-only Marlin path needs cc >= 8.0 (its FP8
+configs' minimum capability, in 0.6.3 as in 0.24.0); below (V100, T4) no FP8 path exists.
 """
 
 from __future__ import annotations
@@ -211,7 +211,7 @@ def capabilities(cc: float | None, cpu_flags: list[str] | None = None) -> dict[s
     if cc is None:
         bf16 = bool({"avx512_bf16", "amx_bf16"} & set(cpu_flags or []))
         return {"native_fp8": False, "bf16": bf16, "vllm_fp8_marlin": False, "any_fp8": False}
-    return {"native_fp8": cc >= 8.9, "bf16": cc >= 8.0, "vllm_fp8_marlin": cc >= 7.5, "any_fp8": cc >= 7.5}
+    return {"native_fp8": cc >= 8.9, "bf16": cc >= 8.0, "vllm_fp8_marlin": cc >= 8.0, "any_fp8": cc >= 8.0}
 
 
 def topology(facts: dict[str, Any]) -> dict[str, Any]:
