@@ -9,9 +9,9 @@ The budget of one job, in minutes: a server start, a share per load cell, qualit
 block (``serve_load``), and the capacity searches where ``load.mode`` is capacity. The shares are bounds for a
 7B model on one data-centre GPU, with margin: on an H100, one vLLM block (start-up, then c=1 and c=8 cells at
 prompt 1024) took about 3 minutes and a llama.cpp block 2 min 24 s (runs/h100-seed-p1024-2026-12-06); a cell of
-100 requests of 256 tokens at c=1 is about 5 minutes at 90 tokens/s. A job past its budget is cancelled by Slurm
-and its rerun keeps the finished cells (serve_load's kept/); raise a share with ``--set-resources`` when a box is
-slower than this.
+100 requests of 256 tokens at c=1 is about 5 minutes at 90 tokens/s. Slurm cancels a group past its time limit,
+and the rerun redoes the jobs without outputs; on a slower box, give the serving rules a ``runtime`` with
+``--set-resources`` (every job of the rule then asks for that).
 """
 
 from __future__ import annotations
