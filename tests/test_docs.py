@@ -114,6 +114,23 @@ def test_every_relative_link_resolves() -> None:
     assert not broken, broken
 
 
+def _anchors(page: Path) -> set[str]:
+    """The anchors GitHub gives a page's headings: lower case, punctuation dropped, spaces as hyphens."""
+    heads = re.findall(r"^#{1,6} (.+)$", re.sub(r"```.*?```", "", page.read_text(), flags=re.S), re.M)
+    return {re.sub(r"[^\w\- ]", "", h.strip().lower()).replace(" ", "-") for h in heads}
+
+
+def test_every_link_to_a_section_names_one_that_exists() -> None:
+    pages = [ROOT / "README.md", ROOT / "runs" / "README.md", *sorted(DOCS.glob("*.md"))]
+    broken = []
+    for page in pages:
+        for target, anchor in re.findall(r"\]\(([^)#\s]*\.md)?#([^)\s]+)\)", page.read_text()):
+            path = (page.parent / target).resolve() if target else page
+            if path.exists() and anchor not in _anchors(path):
+                broken.append(f"{page.relative_to(ROOT)} -> {target}#{anchor}")
+    assert not broken, broken
+
+
 def test_the_extension_skeletons_compose(monkeypatch: pytest.MonkeyPatch) -> None:
     skeletons = DOCS / "skeletons"
     monkeypatch.syspath_prepend(str(skeletons / "my_engines"))

@@ -35,7 +35,8 @@ def _report(name: str, hardware: str, experiment: str = "blog_v100", *extra: str
 
 def test_capability_rules_by_compute_capability() -> None:
     assert capabilities(7.0) == {"native_fp8": False, "bf16": False, "vllm_fp8_marlin": False, "any_fp8": False}
-    assert capabilities(7.5) == {"native_fp8": False, "bf16": False, "vllm_fp8_marlin": True, "any_fp8": True}
+    # vLLM gates its FP8 configs (Marlin weight-only included) at 8.0: a T4 (7.5) has no FP8 path
+    assert capabilities(7.5) == {"native_fp8": False, "bf16": False, "vllm_fp8_marlin": False, "any_fp8": False}
     assert capabilities(8.0) == {"native_fp8": False, "bf16": True, "vllm_fp8_marlin": True, "any_fp8": True}
     assert capabilities(8.9)["native_fp8"] and capabilities(9.0)["native_fp8"]
     assert capabilities(None, ["avx512_bf16"])["bf16"] and not capabilities(None, ["avx2"])["bf16"]

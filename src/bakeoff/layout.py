@@ -35,6 +35,7 @@ else builds an artifact path by hand or reads one by its depth.
   results/mlflow/runs.json              the MLflow parent run and its cell runs of this invocation
   .snakemake/bakeoff-specs/{digest}.json   a job's config slice (``--spec @file``), named by its content
   build/node-vllm/                      vLLM for the GPU node: part-01.., manifest.json, node.sh, node_parts.py
+  .venv-gpu/                            a GPU box's interpreter with vLLM's CUDA build (make setup-gpu)
   $BAKEOFF_CACHE_DIR (~/.cache/bakeoff)    outside the clone: finished builds; files' sha256 by inode (manifest)
 
 Each artifact directory is complete exactly when its manifest.json exists.
@@ -70,6 +71,11 @@ SOURCE_ARCHIVE = "source.tar.gz"  # inside the llama.cpp source directory
 # experiment's engines.vllm.pythonpath names the same folder).
 NODE_VLLM_DIR = "build/node-vllm"
 NODE_VLLM_SITE = "/tmp/bakeoff-vllm/site"
+# Beside .venv on a GPU box: the interpreter with vLLM's CUDA build (`make setup-gpu`, the Makefile's GPU_VENV),
+# which GPU hardware configs name as hardware.vllm_python.
+GPU_VENV = ".venv-gpu"
+GPU_VENV_PYTHON = f"{GPU_VENV}/bin/python"
+GPU_SETUP = "make setup-gpu"
 
 # Snakemake output templates (each a manifest or a file the rule writes).
 HARDWARE = "results/hardware.json"

@@ -12,6 +12,7 @@ from bakeoff.errors import ConfigError
 from bakeoff.layout import spec_path, toolchain_id
 from bakeoff.loadgen.blocks import previous, schedule, slot_of
 from bakeoff.composition.sweep import points_from_snakemake
+from bakeoff.composition.walltime import serve_minutes
 
 # One point per sweep combination (--config sweep="a=1,2"); one point without a sweep.
 # --config composed=params.yaml runs DVC's Hydra-composed config instead (see dvc.yaml).
@@ -21,6 +22,18 @@ except ConfigError as e:
     raise WorkflowError(f"bakeoff config: {e}") from None
 
 CFG = next(iter(POINTS.values())).cfg  # the build side (model, formats, toolchain) is shared by all points
+
+
+# Before the first job of a real run (never for a plan, -n): what on this machine stops an engine from serving as
+# configured, e.g. a CUDA config whose vLLM interpreter has a CPU-only torch (bakeoff.composition.compose.run_problems).
+onstart:
+    from snakemake_interface_executor_plugins.settings import DeploymentMethod
+    from bakeoff.composition.compose import run_problems
+
+    _conda = DeploymentMethod.CONDA in (workflow.deployment_settings.deployment_method or ())
+    _problems = sorted({p for point in POINTS.values() for p in run_problems(point.cfg, conda=_conda)})
+    if _problems:
+        raise WorkflowError("bakeoff: nothing has run:\n" + "\n".join(f"  {p}" for p in _problems))
 CONFIG_HASH = config_hash(CFG)
 POINT_HASHES = " ".join(f"{n}:{p.hash}" for n, p in POINTS.items())
 TC = CFG.toolchain
@@ -212,6 +225,14 @@ def slot_made_under_current_config(experiment, slot):
         return json.loads(out.read_text()).get("config_hash") == POINTS[experiment].hash
     except (OSError, ValueError):
         return False
+
+
+def serve_runtime(last_block):
+    """A serving job's Slurm wall time in minutes, from its own cells (bakeoff.composition.walltime); the serving
+    group job asks for the sum of its jobs' times."""
+    def runtime(wildcards):
+        return serve_minutes(POINTS[wildcards.experiment].cfg, wildcards.engine, wildcards.format, last_block=last_block)
+    return runtime
 
 
 def serve_inputs(wildcards):

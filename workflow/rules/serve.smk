@@ -20,6 +20,7 @@ rule serve_block:
     priority: 5
     resources:
         **GPU_RESOURCES,
+        runtime=serve_runtime(last_block=False),
     log:
         "logs/results/raw/{experiment}/{model}/{engine}-{format}-block{block}.log",
     benchmark:
@@ -45,6 +46,7 @@ rule serve_load:
     priority: 5
     resources:
         **GPU_RESOURCES,
+        runtime=serve_runtime(last_block=True),
     log:
         "logs/results/raw/{experiment}/{model}/{engine}-{format}.log",
     benchmark:

@@ -203,6 +203,15 @@ def engine_problems(cfg: Config) -> list[str]:
     return problems
 
 
+def run_problems(cfg: Config, *, conda: bool = False) -> list[str]:
+    """What on this machine stops a real run of ``cfg`` (``Engine.run_problems`` of each engine that serves a
+    variant), each naming its engine. The workflow asks before its first job; a plan (``-n``) never asks."""
+    from bakeoff.engines import get_engine
+
+    return [f"engines.{name}: {p}" for name in cfg.experiment.variants
+            for p in get_engine(cfg.engines[name].plugin).run_problems(cfg.engines[name], cfg.hardware, conda=conda)]
+
+
 def check_engines(cfg: Config) -> Config:
     """The config, once its engines find nothing wrong with it (:func:`engine_problems`)."""
     if problems := engine_problems(cfg):

@@ -72,6 +72,9 @@ class HardwareCfg(_Strict):
     mem_bandwidth_gbs: PositiveFloat | None = None
     peak_tflops_fp16: PositiveFloat | None = None
     vllm_image: str | None = None
+    # The interpreter vLLM serves from on this box (engines.<name>.python, when that is unset): `make setup-gpu`'s
+    # .venv-gpu/bin/python, with vLLM's CUDA build. None: bakeoff's own, whose vLLM is the CPU build.
+    vllm_python: str | None = None
     # Several GPUs in one node. Which devices a server may use (CUDA_VISIBLE_DEVICES); None: the
     # scheduler's allocation if it set one, else 0..gpus-1.
     visible_devices: list[NonNegativeInt] | None = None

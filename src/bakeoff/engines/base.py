@@ -185,6 +185,13 @@ class Engine(abc.ABC):
         return []
 
     @classmethod
+    def run_problems(cls, engine: EngineCfg, hardware: HardwareCfg, *, conda: bool = False) -> list[str]:
+        """What on this machine stops this engine from serving as configured (an interpreter, a build), checked by
+        the workflow before any job of a real run, never for a plan (``snakemake -n`` plans anywhere).
+        ``conda``: jobs run in their pinned environments (``--sdm conda``), not in bakeoff's own."""
+        return []
+
+    @classmethod
     def start_failure_status(cls, reason: str) -> str:
         """``unsupported`` only for the engine's known refusals; resource and other failures are ``failed``."""
         if RESOURCE_FAILURES.search(reason):

@@ -34,7 +34,7 @@ from bakeoff.engines.base import Engine, engine_error_line, register
 from bakeoff.engines.flags import settings_to_flags
 from bakeoff.errors import BakeoffError
 from bakeoff.hardware.gpu import docker_gpu_args
-from bakeoff.layout import MANIFEST
+from bakeoff.layout import GPU_SETUP, GPU_VENV_PYTHON, MANIFEST
 from bakeoff.loadgen.scrape import MetricNames
 
 CONTAINER_MODEL_DIR = "/model"
@@ -159,13 +159,13 @@ class VllmEngine(Engine):
 
     @classmethod
     def predict_support(cls, method: str, capabilities: Mapping[str, Any], cc: float | None) -> tuple[str, str]:
-        """FP8 weights need an FP8 path: none on the CPU build or below compute capability 7.5, Marlin below 8.9."""
+        """FP8 weights need an FP8 path: none on the CPU build or below compute capability 8.0, Marlin below 8.9."""
         if method not in cls.runtime_fp8_methods:
             return "supported", ""
         if cc is None:
             return "unsupported", "vLLM's CPU build has no FP8 linear kernels"
         if not capabilities["any_fp8"]:
-            return "unsupported", f"no FP8 path on compute capability {cc:.1f} (needs >= 7.5)"
+            return "unsupported", f"no FP8 path on compute capability {cc:.1f} (needs >= 8.0)"
         if not capabilities["native_fp8"]:
             return "supported", f"FP8 weight-only through Marlin on compute capability {cc:.1f} (native FP8 needs >= 8.9)"
         return "supported", f"native FP8 on compute capability {cc:.1f}"
@@ -183,6 +183,36 @@ class VllmEngine(Engine):
         return []
 
     @classmethod
+    def serving_python(cls, engine: EngineCfg, hardware: HardwareCfg) -> str:
+        """The interpreter the server runs under: ``engines.<name>.python``, else the box's ``hardware.vllm_python``,
+        else bakeoff's own (whose vLLM is the CPU build)."""
+        return engine.python or hardware.vllm_python or sys.executable
+
+    @classmethod
+    def run_problems(cls, engine: EngineCfg, hardware: HardwareCfg, *, conda: bool = False) -> list[str]:
+        """On CUDA, a native server's interpreter must import a CUDA torch: a CPU-only one would serve on the CPU.
+
+        Native means ``runtime: native``, or ``auto`` without ``hardware.vllm_image`` to fall back to. Under
+        ``--sdm conda`` with no interpreter named, the job's own environment (envs/vllm-node.yaml) serves."""
+        if hardware.backend != "cuda" or engine.runtime == "container":
+            return []
+        if engine.runtime == "auto" and hardware.vllm_image:
+            return []
+        if conda and not (engine.python or hardware.vllm_python):
+            return []
+        python = cls.serving_python(engine, hardware)
+        fix = (f"Create it with `{GPU_SETUP}` (vLLM 0.24.0's CUDA build in {GPU_VENV_PYTHON}, which "
+               f"hardware.vllm_python names), or set hardware.vllm_image to serve vLLM in docker")
+        if shutil.which(python) is None:
+            return [f"vLLM would serve on {hardware.gpus} GPU(s) under {python}, which does not exist. {fix}"]
+        facts = interpreter_facts(python, engine.pythonpath)
+        if facts.get("torch_cuda"):
+            return []
+        torch = facts.get("torch_error") or facts.get("probe_error") or f"torch {facts.get('torch')}"
+        return [f"vLLM would serve on {hardware.gpus} GPU(s) under {python}, whose torch has no CUDA ({torch}; "
+                f"vLLM {facts.get('vllm')}): it would serve on the CPU. {fix}"]
+
+    @classmethod
     def served_weight_bytes(cls, manifest: Mapping[str, Any], settings: Mapping[str, Any]) -> int | None:
         """A 16-bit checkpoint served with ``dtype: float32`` is held (and read) at 4 bytes a weight."""
         w = manifest.get("weight_bytes")
@@ -192,8 +222,8 @@ class VllmEngine(Engine):
 
     @property
     def python(self) -> str:
-        """The interpreter the server runs under: ``engines.<name>.python``, else bakeoff's own."""
-        return self.spec.engine.python or sys.executable
+        """The interpreter the server runs under (:meth:`serving_python`)."""
+        return self.serving_python(self.spec.engine, self.spec.hardware)
 
     @property
     def container_image(self) -> str | None:

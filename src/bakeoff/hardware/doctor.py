@@ -21,8 +21,8 @@ A config naming another GPU than the node's (name, memory or compute capability)
 before any job (bakeoff.hardware.match): its name would label every row.
 
 Capability rules (compute capability ``cc``): native FP8 needs cc >= 8.9;
-BF16 needs cc >= 8.0; vLLM's FP8 weight-only Marlin path needs cc >= 7.5; on
-7.0 (V100) no FP8 path exists.
+BF16 needs cc >= 8.0; vLLM's FP8 weight-only Marlin path needs cc >= 8.0 (its FP8
+configs' minimum capability, in 0.6.3 as in 0.24.0); below (V100, T4) no FP8 path exists.
 """
 
 from __future__ import annotations
@@ -37,6 +37,7 @@ import socket
 import statistics
 import subprocess
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -137,7 +138,7 @@ def _ecc(pynvml: Any, h: Any) -> dict[str, Any]:
     return out
 
 
-def probe_gpus(measure_bandwidth: bool = True) -> dict[str, Any]:
+def probe_gpus(measure_bandwidth: bool = True, torch_pythons: Sequence[str] = ()) -> dict[str, Any]:
     """Every GPU NVML sees; ``{"nvml": "unavailable: ...", "gpus": []}`` on a machine without a driver."""
     try:
         import pynvml
@@ -176,7 +177,7 @@ def probe_gpus(measure_bandwidth: bool = True) -> dict[str, Any]:
                          "max_gen": _nvml_call(pynvml.nvmlDeviceGetMaxPcieLinkGeneration, h),
                          "max_width": _nvml_call(pynvml.nvmlDeviceGetMaxPcieLinkWidth, h)},
                 "nvlink": links,
-                **(gpubandwidth.probe(i) if measure_bandwidth else {}),
+                **(gpubandwidth.probe(i, torch_pythons) if measure_bandwidth else {}),
             })
         facts["pcie_topology"] = [[0 if a == b else _nvml_call(pynvml.nvmlDeviceGetTopologyCommonAncestor, ha, hb)
                                    for b, hb in enumerate(handles)] for a, ha in enumerate(handles)]
@@ -197,10 +198,10 @@ def nvidia_smi_topo() -> str | None:
     return p.stdout if p.returncode == 0 else f"failed ({p.returncode}): {p.stderr.strip()[:300]}"
 
 
-def probe(bandwidth_mib: int = 256) -> dict[str, Any]:
+def probe(bandwidth_mib: int = 256, torch_pythons: Sequence[str] = ()) -> dict[str, Any]:
     """Everything readable about this node (the part a fixture records)."""
     return {"host": socket.gethostname(), "kernel": platform.release(), "cpu": probe_cpu(bandwidth_mib),
-            **probe_gpus(), "nvidia_smi_topo": nvidia_smi_topo()}
+            **probe_gpus(torch_pythons=torch_pythons), "nvidia_smi_topo": nvidia_smi_topo()}
 
 
 # --------------------------------------------------------------------------- analyze
@@ -214,7 +215,7 @@ def capabilities(cc: float | None, cpu_flags: list[str] | None = None) -> dict[s
     if cc is None:
         bf16 = bool({"avx512_bf16", "amx_bf16"} & set(cpu_flags or []))
         return {"native_fp8": False, "bf16": bf16, "vllm_fp8_marlin": False, "any_fp8": False}
-    return {"native_fp8": cc >= 8.9, "bf16": cc >= 8.0, "vllm_fp8_marlin": cc >= 7.5, "any_fp8": cc >= 7.5}
+    return {"native_fp8": cc >= 8.9, "bf16": cc >= 8.0, "vllm_fp8_marlin": cc >= 8.0, "any_fp8": cc >= 8.0}
 
 
 def topology(facts: dict[str, Any]) -> dict[str, Any]:
@@ -295,7 +296,7 @@ def analyze(facts: dict[str, Any], hw: HardwareCfg, doctor: DoctorCfg) -> dict[s
 
 def run(hw: HardwareCfg, doctor: DoctorCfg, out: Path, facts: dict[str, Any] | None = None) -> dict[str, Any]:
     """Probe (unless facts are given), analyze, and write ``out`` atomically. Raises DoctorError."""
-    facts = facts if facts is not None else probe(doctor.bandwidth_probe_mib)
+    facts = facts if facts is not None else probe(doctor.bandwidth_probe_mib, [hw.vllm_python] if hw.vllm_python else [])
     report = {"schema": SCHEMA, "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
               "hardware_config": hw.model_dump(mode="json"), **facts, **analyze(facts, hw, doctor)}
     atomic_write_text(out, json.dumps(report, indent=2) + "\n")

@@ -8,7 +8,7 @@ the registry renders.
 from __future__ import annotations
 
 from bakeoff.layout import COLUMNS_DOC
-from bakeoff.results.columns import SCHEMA_VERSION, TABLES, Family, Table
+from bakeoff.results.columns import SCHEMA_VERSION, TABLES, Column, Family, Table
 
 # How a name reads, suffix by suffix: the conventions the families below follow.
 SUFFIXES = [
@@ -31,10 +31,15 @@ def _cell(text: str) -> str:
     return text.replace("|", "\\|")
 
 
+def writers(c: Column) -> str:
+    """The column's writer modules, each as code."""
+    return ", ".join(f"`{w}`" for w in c.writer.split(", "))
+
+
 def _family(f: Family) -> list[str]:
     lines = [f"### {f.name}", "", f.convention, "", "| column | unit | definition | written by |",
              "|---|---|---|---|"]
-    lines += [f"| `{c.name}` | {_cell(c.unit)} | {_cell(c.definition)} | `{c.writer}` |" for c in f.columns]
+    lines += [f"| `{c.name}` | {_cell(c.unit)} | {_cell(c.definition)} | {writers(c)} |" for c in f.columns]
     return [*lines, ""]
 
 

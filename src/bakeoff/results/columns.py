@@ -31,7 +31,9 @@ class Column:
     name: str
     unit: str  # "" where the value is a name, a flag or free text
     definition: str
-    writer: str  # the module that computes the value (read it for the details)
+    # The module that computes the value (read it for the details); several, comma-separated, where each
+    # computes it for its own rows. tests/test_column_writers.py reads each one's source for the write.
+    writer: str
 
 
 @dataclass(frozen=True)
@@ -58,9 +60,10 @@ class Table:
         return next((c for c in self.columns() if c.name == name), None)
 
 
-def _family(name: str, convention: str, writer: str, rows: Iterable[tuple[str, str, str]]) -> Family:
-    """A family whose columns are (name, unit, definition) rows, all written by ``writer``."""
-    return Family(name, convention, tuple(Column(n, u, d, writer) for n, u, d in rows))
+def _family(name: str, convention: str, writer: str, rows: Iterable[tuple[str, ...]]) -> Family:
+    """A family whose columns are (name, unit, definition) rows written by ``writer``, or (..., writer) rows
+    written by another."""
+    return Family(name, convention, tuple(Column(*r[:3], r[3] if len(r) > 3 else writer) for r in rows))
 
 
 def _mixed(name: str, convention: str, rows: Iterable[tuple[str, str, str, str]]) -> Family:
@@ -92,7 +95,7 @@ IDENTITY = _mixed(
         ("model", "", "Model name (`conf/model/`).", SERVE),
         ("engine", "", "Engine config name (`engines.<name>`; two configs of one plugin stay two engines).", SERVE),
         ("engine_version", "", "The engine's version as it reports it (vLLM's package or image tag, "
-         "`llama.cpp@<commit>`).", "bakeoff.engines.base"),
+         "`llama.cpp@<commit>`).", "bakeoff.engines.vllm, bakeoff.engines.llamacpp"),
         ("format", "", "Weight format (`formats.<name>`: fp16, fp8, q4_k_m ...).", SERVE),
         ("hardware", "", "Hardware config name (`conf/hardware/`; `hardware=auto` picks or composes it from the "
          "node's GPUs). The GPUs themselves: `gpu_name`, `gpu_count`, `gpu_memory_bytes`.", SERVE),
@@ -331,13 +334,13 @@ PROBES = _family(
         ("probe_recheck", "bool", "The search's end re-ran this load to check its boundary (file stem ends in "
          "`-again`)."),
         ("peak_in_flight", COUNT, "Most measured requests in flight at once. For a rate probe this is also its "
-         "`concurrency`: an open loop has no concurrency setting. Written on every cell."),
+         "`concurrency`: an open loop has no concurrency setting. Written on every cell.", METRICS),
         ("over_ttft_share", FRACTION, "Share (0-1) of the cell's completed requests whose TTFT exceeded the "
-         "SLO's bound (`load.slo_ms` on fixed cells)."),
+         "SLO's bound (`load.slo_ms` on fixed cells).", METRICS),
         ("over_ttft_share_ub95", FRACTION, "One-sided 95 % upper bound (Clopper-Pearson) on the true share "
-         "over the TTFT bound: how sure a pass is."),
-        ("over_tpot_share", FRACTION, "As `over_ttft_share`, for TPOT."),
-        ("over_tpot_share_ub95", FRACTION, "As `over_ttft_share_ub95`, for TPOT."),
+         "over the TTFT bound: how sure a pass is.", METRICS),
+        ("over_tpot_share", FRACTION, "As `over_ttft_share`, for TPOT.", METRICS),
+        ("over_tpot_share_ub95", FRACTION, "As `over_ttft_share_ub95`, for TPOT.", METRICS),
     ],
 )
 
