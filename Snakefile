@@ -17,6 +17,7 @@ shell.prefix(f"set -euo pipefail; export PATH=\"$PATH\":{shlex.quote(str(Path(sy
 # Path grammar: every artifact path bakeoff writes is defined once, in src/bakeoff/layout.py (its docstring
 # lists them); the rules use its templates. Logs mirror outputs under logs/, benchmark timings under logs/bench/.
 from bakeoff.layout import (
+    ANSWER_TABLE,
     BASELINES,
     BLOCK,
     CAPACITY_TABLE,

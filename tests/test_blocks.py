@@ -8,17 +8,32 @@ two nodes is reported apart and never compared.
 from __future__ import annotations
 
 import json
+import os
+import re
+import shutil
+import signal
+import threading
+import time
 from collections import Counter
 from pathlib import Path
 
+import psutil
 import pytest
 
+from bakeoff.composition.compose import load_config
+from bakeoff.config.schema import LoadCfg
+from bakeoff.engines.session import start_id
 from bakeoff.hardware.fingerprint import node_id
 from bakeoff.loadgen.blocks import previous, schedule, slot_of
+from bakeoff.report.answer import fixed_leaders
 from bakeoff.results import spread
 from bakeoff.results.derived import _hardware_for_roofline
 from bakeoff.results.roofline import row_columns
+from bakeoff.stages import serve_load
+from bakeoff.stages.serve_job import ServeJob
 from bakeoff.stages.summary import COLUMNS, rows
+
+from conftest import ROOT
 
 V = [("llamacpp", "f16"), ("llamacpp", "q8_0"), ("llamacpp", "q4_k_m")]
 
@@ -141,3 +156,68 @@ def test_the_summary_takes_each_rows_bandwidth_from_its_own_node() -> None:
             for n in ("gpu:GPU-a", "gpu:GPU-z")]
     extend(rows, {"e": {"hardware": hw, "engines": {}, "config": {}}}, None, facts)
     assert [r["bandwidth_source"] for r in rows] == ["measured", "config"]
+
+
+def test_a_server_start_id_tells_starts_apart_across_processes() -> None:
+    """The count ``server_start`` restarts at 1 in a resumed job's process; the id (time and pid) does not repeat."""
+    t = 1796515832.4471655
+    assert start_id(t, 4242) == "20261206T001032.447165Z-4242"
+    assert len({start_id(t, 4242), start_id(t, 4243), start_id(t + 1e-6, 4242)}) == 3
+
+
+def _variant(models: Path, tmp_path: Path, fmt: str) -> dict:
+    cfg = load_config([])
+    model_dir = tmp_path / fmt
+    shutil.copytree(models / fmt, model_dir)  # a unique path, to find this test's server
+    return dict(engine_cfg=cfg.engines["llamacpp"].model_copy(update={"load": {}}), hardware=cfg.hardware,
+                experiment="t", model="smollm2-135m", fmt=fmt, engine_name="llamacpp", model_dir=model_dir,
+                tokenizer_dir=models / "fp16", toolchain_dir=next((ROOT / "build" / "llamacpp").glob("*-cpu")),
+                show_progress=False)
+
+
+def _kill_server_after(cell: Path, model_dir: Path) -> threading.Thread:
+    """SIGKILL the server serving ``model_dir`` as soon as ``cell`` (a finished cell's record) exists."""
+    def killer() -> None:
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline and not cell.exists():
+            time.sleep(0.01)
+        for p in psutil.process_iter(["pid", "cmdline"]):
+            if str(model_dir) in " ".join(p.info["cmdline"] or []):
+                os.killpg(p.info["pid"], signal.SIGKILL)
+
+    t = threading.Thread(target=killer, daemon=True)
+    t.start()
+    return t
+
+
+@pytest.mark.slow
+def test_a_block_whose_server_was_killed_between_two_cells_is_flagged_and_left_out(gguf_models: Path,
+                                                                                   tmp_path: Path) -> None:
+    """Two real llama-servers (q4_k_m, f16), two blocks of two cells each. q4_k_m's server is killed once its
+    block 0 has one cell; the job goes on (a new start) and is resumed (its failed cell re-run on another). Block
+    0 of q4_k_m then holds cells of two starts: flagged, and out of the paired verdict, which says so."""
+    load = LoadCfg(concurrency=[1, 2], prompt_len=[32], output_len=16, num_requests=4, warmup_requests=0, repeats=2)
+    q4, f16 = _variant(gguf_models, tmp_path, "q4_k_m"), _variant(gguf_models, tmp_path, "f16")
+    out_q4, out_f16 = tmp_path / "raw" / "q4", tmp_path / "raw" / "f16"
+    killer = _kill_server_after(out_q4 / "c1-p32.json", q4["model_dir"])
+    serve_load.run(ServeJob(load=load, out_dir=out_q4, **q4))
+    killer.join()
+    resumed = serve_load.run(ServeJob(load=load, out_dir=out_q4, **q4))  # the resume: re-runs what failed
+    assert [c["status"] for c in resumed["cells"]] == ["ok"] * 4
+    serve_load.run(ServeJob(load=load, out_dir=out_f16, **f16))
+    data = rows([out_q4 / "cells.json", out_f16 / "cells.json"], {})
+    assert all(re.fullmatch(r"\d{8}T\d{6}\.\d{6}Z-\d+", r["server_start_id"]) for r in data), data
+    starts = {(r["format"], r["block"]): set() for r in data}
+    for r in data:
+        starts[(r["format"], r["block"])].add(r["server_start_id"])
+    assert {k: len(v) for k, v in starts.items()} == {("q4_k_m", 0): 2, ("q4_k_m", 1): 1, ("f16", 0): 1,
+                                                      ("f16", 1): 1}
+    spread.extend(data)
+    flags = {(r["format"], r["block"], r["concurrency"]): r["block_resumed"] for r in data}
+    assert flags == {("q4_k_m", 0, 1): True, ("q4_k_m", 0, 2): True, ("q4_k_m", 1, 1): False,
+                     ("q4_k_m", 1, 2): False, ("f16", 0, 1): False, ("f16", 0, 2): False, ("f16", 1, 1): False,
+                     ("f16", 1, 2): False}
+    for lead in fixed_leaders(data):  # one clean block left: no verdict, and the page says why
+        assert lead.kind == spread.NO_VERDICT, lead.verdict
+        assert lead.verdict.startswith("no verdict: fewer than 2 blocks once resumed blocks are left out (block 0: "
+                                       "llamacpp-q4_k_m's cells came from 2 server starts)"), lead.verdict

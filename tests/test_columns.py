@@ -19,6 +19,7 @@ from bakeoff.composition.sweep import points_from_snakemake, points_json
 from bakeoff.layout import COLUMNS_DOC, variant_name
 from bakeoff.loadgen.health import cell_health
 from bakeoff.loadgen.metrics import RequestRecord, summarize
+from bakeoff.report.index import index_html
 from bakeoff.results import column_docs, columns
 from bakeoff.results.published import DEFAULT_PATH
 
@@ -47,8 +48,9 @@ def _capacity_row(engine: str, fmt: str) -> dict:
 
 
 @pytest.fixture(scope="module")
-def written(tmp_path_factory: pytest.TempPathFactory) -> tuple[list[str], list[str]]:
-    """The headers of results/summary.csv and results/capacity.csv as ``bakeoff summary`` writes them."""
+def written(tmp_path_factory: pytest.TempPathFactory) -> tuple[list[str], list[str], list[str]]:
+    """The headers of results/summary.csv and results/capacity.csv as ``bakeoff summary`` writes them, and of
+    results/report/answer.csv as the report's index page writes it from those two."""
     tmp = tmp_path_factory.mktemp("summary")
     indexes = []
     for engine, fmt, bits in VARIANTS:
@@ -75,22 +77,31 @@ def written(tmp_path_factory: pytest.TempPathFactory) -> tuple[list[str], list[s
         rows, caps = list(csv.DictReader(f)), list(csv.DictReader(g))
     assert len(rows) == len(caps) == len(VARIANTS)
     assert {r["schema_version"] for r in rows + caps} == {str(columns.SCHEMA_VERSION)}
-    return list(rows[0]), list(caps[0])
+    answer = tmp / "answer.csv"
+    index_html(summary, capacity, [], tmp / "index.html", answer)
+    with open(answer, newline="") as f:
+        answer_header = next(csv.reader(f))
+    return list(rows[0]), list(caps[0]), answer_header
 
 
-def test_every_written_summary_column_is_registered(written: tuple[list[str], list[str]]) -> None:
-    header, _ = written
+def test_every_written_summary_column_is_registered(written: tuple[list[str], list[str], list[str]]) -> None:
+    header = written[0]
     assert [c for c in header if columns.SUMMARY.get(c) is None] == []
 
 
-def test_every_registered_summary_column_is_written(written: tuple[list[str], list[str]]) -> None:
-    header, _ = written
+def test_every_registered_summary_column_is_written(written: tuple[list[str], list[str], list[str]]) -> None:
+    header = written[0]
     assert [c for c in columns.SUMMARY.names() if c not in header] == []
 
 
-def test_the_capacity_table_is_registered_both_ways(written: tuple[list[str], list[str]]) -> None:
-    _, header = written
+def test_the_capacity_table_is_registered_both_ways(written: tuple[list[str], list[str], list[str]]) -> None:
+    header = written[1]
     assert sorted(header) == sorted(columns.CAPACITY.names())
+
+
+def test_the_answer_table_is_registered_both_ways(written: tuple[list[str], list[str], list[str]]) -> None:
+    header = written[2]
+    assert sorted(header) == sorted(columns.ANSWER.names())
 
 
 def test_each_column_is_registered_once_with_a_definition_and_a_writer_that_exists() -> None:

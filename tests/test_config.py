@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from bakeoff.composition.compose import compose_raw, load_config, overrides_from_snakemake
+from bakeoff.composition.compose import compose_raw, config_hash, load_config, overrides_from_snakemake
 from bakeoff.errors import ConfigError
 
 from conftest import BIN, ROOT, planned_jobs, results_root, snakemake
@@ -139,3 +139,14 @@ def test_rule_all_names_every_variants_index_so_a_deleted_one_is_measured_again(
     cfg = load_config(["experiment=smoke"])
     for engine, fmt in cfg.variants():
         assert f"results/raw/smoke/{cfg.model.name}/{engine}-{fmt}/cells.json" in jobs["all"]["input"]
+
+
+def test_the_equivalence_margin_is_checked_and_changes_what_is_said_not_what_is_measured() -> None:
+    """``answer.equivalence_margin_pct`` is positive (the error names the key) and outside the config hash, so a new
+    margin re-makes the summary and pages but no serving job."""
+    default, wider = load_config([]), load_config(["answer.equivalence_margin_pct=5"])
+    assert default.answer.equivalence_margin_pct == 3.0 and wider.answer.equivalence_margin_pct == 5.0
+    assert config_hash(default) == config_hash(wider)
+    assert config_hash(default) != config_hash(load_config(["load.repeats=2"]))
+    with pytest.raises(ConfigError, match=r"answer\.equivalence_margin_pct: Input should be greater than 0"):
+        load_config(["answer.equivalence_margin_pct=0"])

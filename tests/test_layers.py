@@ -4,7 +4,7 @@ Why a test: the folder layout shows the architecture only while imports keep to
 it; one import that runs back up (an engine reaching into a stage for a path)
 makes every lower layer depend on everything. The test reads the imports of
 every module (``ast``, nothing is imported), module-level and inside functions:
-a call up at run time ties the layers as firmly as an import at load time.
+a call up at run time binds the layers as firmly as an import at load time.
 
 A part is a package (``engines``) or a module at the top (``cli``). The config's
 types (``config``) sit below the engines, which read them; composing a config

@@ -98,17 +98,22 @@ def _row(variant: str, c: int, tok_s: float, block: int, kl: str = "") -> dict[s
             "kl_vs_fp16": kl, "joules_per_output_token": ""}
 
 
-def test_leaders_say_whether_the_margin_is_beyond_the_noise() -> None:
+def test_leaders_say_different_or_no_verdict_with_the_interval_and_each_blocks_direction() -> None:
     clear = [_row("llamacpp-q4", 8, v, b) for b, v in enumerate((110.0, 111.0, 109.0))]
     clear += [_row("llamacpp-f16", 8, v, b) for b, v in enumerate((100.0, 101.0, 99.5))]
     noisy = [_row("llamacpp-q4", 1, v, b) for b, v in enumerate((50.0, 58.0, 45.0))]
     noisy += [_row("llamacpp-f16", 1, v, b) for b, v in enumerate((49.0, 52.0, 50.0))]
     single = [_row("llamacpp-q4", 32, 300.0, 0), _row("llamacpp-f16", 32, 290.0, 0)]
     leads = {x.load: x for x in fixed_leaders(clear + noisy + single)}
-    assert leads["c=8"].leader == "llamacpp-q4" and leads["c=8"].verdict.startswith("beyond the noise")
+    assert leads["c=8"].leader == "llamacpp-q4" and leads["c=8"].kind == "different"
+    assert leads["c=8"].verdict.startswith("different: +9.8% (95% interval")
+    assert leads["c=8"].verdict.endswith("llamacpp-q4 faster in 3 of 3 blocks")
     assert leads["c=8"].margin_pct == pytest.approx(100 * (110 / 100.1666 - 1), rel=1e-3)
-    assert leads["c=1"].leader == "llamacpp-q4" and leads["c=1"].verdict.startswith("within the noise")
-    assert leads["c=32"].verdict == "no verdict: fewer than 2 repeats a side"
+    # +4 % a block's noise of +-10 %: nothing shown either way, and the answer says what would settle it
+    assert leads["c=1"].leader == "llamacpp-q4" and leads["c=1"].kind == "no verdict"
+    assert "95% interval" in leads["c=1"].verdict and "blocks would settle a difference of 3%" in leads["c=1"].verdict
+    assert "llamacpp-q4 faster in 2 of 3 blocks, llamacpp-f16 in 1" in leads["c=1"].verdict
+    assert leads["c=32"].verdict == "no verdict: fewer than 2 ok repeats a side"
 
 
 def test_the_frontier_marks_only_undominated_variants_and_the_page_is_self_contained(tmp_path: Path) -> None:

@@ -41,7 +41,7 @@ def test_welch_marks_a_gap_beyond_the_noise_significant_and_one_within_it_not() 
     assert spread.compare([10.0], [20.0, 21.0]).significant is None  # one repeat: no verdict, never "significant"
 
 
-def test_summary_columns_and_report_list_significant_and_not_significant_differences(tmp_path: Path) -> None:
+def test_summary_columns_and_report_list_each_difference_under_its_verdict(tmp_path: Path) -> None:
     rows = _rows({("llamacpp", "f16", 16.0): [100.0, 101.0, 99.0],
                   ("llamacpp", "q8_0", 8.5): [130.0, 131.0, 129.5],   # +30 %: beyond a 1 % noise floor
                   ("llamacpp", "q4_k_m", 4.5): [103.0, 95.0, 106.0],  # +1.3 % within its own noise
@@ -56,17 +56,22 @@ def test_summary_columns_and_report_list_significant_and_not_significant_differe
     q8, q4 = by[("q8_0", "2")], by[("q4_k_m", "1")]
     assert q8["ref_variant"] == "llamacpp-f16" and q8["output_throughput_vs_ref_significant"] is True
     assert float(q8["output_throughput_vs_ref_pct"]) == pytest.approx(30.17, abs=0.01)
+    assert q8["output_throughput_vs_ref_verdict"] == "different"
     assert q4["output_throughput_vs_ref_significant"] is False
+    assert q4["output_throughput_vs_ref_verdict"] == "no verdict" and int(q4["output_throughput_vs_ref_blocks_needed"]) > 3
+    assert q4["equivalence_margin_pct"] == "3"
     summary = tmp_path / "summary.csv"
     write_csv(summary, rows, ["experiment", "model", "engine", "format", "hardware", "concurrency", "prompt_len",
                               "output_len", "request_rate", "repeat", "server_start", "status", "reason",
                               "bits_per_weight", "output_throughput", *cols])
     summary_html(summary, tmp_path / "summary.html")
     page = (tmp_path / "summary.html").read_text()
-    sig, not_sig = page.split("<h4>Significant")[1].split("<h4>Not significant")
-    assert "llamacpp-q8_0 vs llamacpp-f16: output_throughput +30.2%" in sig
-    assert "llamacpp-q4_k_m vs llamacpp-f16" in not_sig and "llamacpp-q4_k_m" not in sig
-    assert "vllm-fp16 vs llamacpp-f16: output_throughput -39.5%" in sig  # the engines' 16-bit rows
+    different, rest = page.split("<h4>Different")[1].split("<h4>Equivalent")
+    equivalent, no_verdict = rest.split("<h4>No verdict")
+    assert "llamacpp-q8_0 vs llamacpp-f16: output_throughput different: +30.2%" in different
+    assert "llamacpp-q4_k_m vs llamacpp-f16: output_throughput no verdict: +1.3%" in no_verdict
+    assert "llamacpp-q4_k_m" not in different and "llamacpp-q4_k_m" not in equivalent
+    assert "vllm-fp16 vs llamacpp-f16: output_throughput different: -39.5%" in different  # the engines' 16-bit rows
 
 
 def test_single_repeat_gives_no_verdict_and_says_so(tmp_path: Path) -> None:

@@ -58,9 +58,10 @@ def _cmd_summary(a: argparse.Namespace) -> None:
         columns += [c for c in extend(records, json.loads(Path(a.points).read_text()),
                                       Path(a.published) if a.published else None, facts)
                     if c not in columns]
-    from bakeoff.results import spread  # spread across repeats, and differences beyond it
+    from bakeoff.results import spread  # spread across repeats, and each difference's verdict
 
-    columns += [c for c in spread.extend(records) if c not in columns]
+    margins = spread.margins_of(points) if points else None  # answer.equivalence_margin_pct per experiment
+    columns += [c for c in spread.extend(records, margins) if c not in columns]
     write_csv(Path(a.out), records, columns)
     if a.capacity_out:
         from bakeoff.stages.summary import CAPACITY_COLUMNS, capacity_rows
@@ -183,7 +184,7 @@ def _cmd_pages(a: argparse.Namespace) -> None:
         from bakeoff.report.index import index_html
 
         index_html(Path(a.summary), Path(a.capacity) if a.capacity else None, [Path(p) for p in a.plots],
-                   Path(a.index_html))
+                   Path(a.index_html), Path(a.answer_csv) if a.answer_csv else None)
 
 
 def _cmd_dvc_params(a: argparse.Namespace) -> None:
@@ -483,6 +484,7 @@ def build_parser() -> argparse.ArgumentParser:
     pg.add_argument("--environment-html", required=True)
     pg.add_argument("--index-html", help="also write the self-contained report page (results/report/index.html)")
     pg.add_argument("--capacity", help="results/capacity.csv, for the index page")
+    pg.add_argument("--answer-csv", help="also write the index page's answer as a table (results/answer.csv)")
     pg.add_argument("--plots", nargs="*", default=[], help="PNG plots the index page embeds")
     pg.set_defaults(func=_cmd_pages)
 

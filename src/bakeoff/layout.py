@@ -31,6 +31,7 @@ else builds an artifact path by hand or reads one by its depth.
   results/config.json, versions.json    the invocation's composed config per sweep point; pinned versions
   results/plots/<name>.png              report plots (also logged to MLflow)
   results/report/{summary,environment}.html   report pages (snakemake --report report.html)
+  results/report/answer.csv             the index page's answer as a table: leaders, verdicts, intervals, block directions
   results/metrics.json                  DVC metrics, from the summary
   results/mlflow/runs.json              the MLflow parent run and its cell runs of this invocation
   .snakemake/bakeoff-specs/{digest}.json   a job's config slice (``--spec @file``), named by its content
@@ -93,6 +94,7 @@ QUALITY = f"{VARIANT_DIR}/{QUALITY_FILE}"
 VARIANT_SAMPLES = f"{VARIANT_DIR}/{SAMPLES_FILE}"
 SUMMARY = "results/summary.csv"
 CAPACITY_TABLE = "results/capacity.csv"
+ANSWER_TABLE = "results/report/answer.csv"
 BASELINES = "results/baselines.json"
 SAMPLES = "results/samples/{experiment}/{model}.md"
 POINTS_FILE = "results/config.json"

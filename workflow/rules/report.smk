@@ -71,6 +71,7 @@ rule pages:
         summary=report(REPORT_PAGE.format(page="summary"), category="Summary", caption="../report/summary.rst"),
         environment=report(REPORT_PAGE.format(page="environment"), category="Hardware and versions",
                            caption="../report/environment.rst"),
+        answer=ANSWER_TABLE,
     log:
         "logs/results/report/pages.log",
     conda:
@@ -79,6 +80,7 @@ rule pages:
         "bakeoff pages --summary {input.summary} --versions {input.versions} --config {input.config}"
         " --hardware-json {input.hardware} --summary-html {output.summary}"
         " --environment-html {output.environment} --index-html {output.index} --capacity {input.capacity}"
+        " --answer-csv {output.answer}"
         " --plots {input.plots} > {log} 2>&1"
 
 

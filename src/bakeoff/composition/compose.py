@@ -220,8 +220,12 @@ def check_engines(cfg: Config) -> Config:
 
 
 def config_hash(cfg: Config) -> str:
-    """Short, stable hash of the resolved config (recorded with every result); site-local settings left out."""
-    blob = json.dumps(cfg.model_dump(mode="json", exclude={"site"}), sort_keys=True).encode()
+    """Short, stable hash of the resolved config (recorded with every result).
+
+    Left out: site-local settings, and how the answer reads the numbers (``answer``): neither changes what is
+    measured, so neither makes the serving jobs stale.
+    """
+    blob = json.dumps(cfg.model_dump(mode="json", exclude={"site", "answer"}), sort_keys=True).encode()
     return hashlib.sha256(blob).hexdigest()[:16]
 
 

@@ -316,6 +316,18 @@ class DoctorCfg(_Strict):
     bandwidth_probe_mib: NonNegativeInt = 256
 
 
+class AnswerCfg(_Strict):
+    """How the answer reads a paired comparison (bakeoff.results.spread states the rules).
+
+    Why a margin: a test that finds no difference has not shown that there is none. Two variants are called
+    equivalent only when the 90 % interval of their difference lies inside +- this many percent (two one-sided
+    tests at 5 %); otherwise, where the 95 % interval holds 0, the answer gives no verdict and says how many
+    blocks would settle it. Changes what the results say, not what is measured: left out of the config hash.
+    """
+
+    equivalence_margin_pct: PositiveFloat = 3.0
+
+
 class SiteCfg(_Strict):
     """What differs by site, not by experiment (conf/site/local.yaml, ignored by git; conf/site/example.yaml).
 
@@ -343,6 +355,7 @@ class Config(_Strict):
     experiment: ExperimentCfg
     tracking: TrackingCfg = TrackingCfg()
     doctor: DoctorCfg = DoctorCfg()
+    answer: AnswerCfg = AnswerCfg()
     site: SiteCfg = SiteCfg()
 
     @model_validator(mode="after")

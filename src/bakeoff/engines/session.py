@@ -81,6 +81,16 @@ def stop_on_signals(launcher_pid: int | None) -> Iterator[None]:
             signal.signal(s, h)
 
 
+def start_id(t: float, pid: int) -> str:
+    """A server start's id: its UTC start time (to the microsecond) and the server's pid.
+
+    Why both: ``Session.starts`` counts starts within one process, so a job resumed in a new process counts
+    from 1 again; the time and pid together tell two starts apart across processes, node calls and nodes.
+    """
+    stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime(t))
+    return f"{stamp}.{int(t * 1e6) % 1_000_000:06d}Z-{pid}"
+
+
 class Session:
     """The server for one variant, restartable after it dies."""
 
@@ -90,7 +100,9 @@ class Session:
         self.engine: Engine | None = None
         self.startup_s: float | None = None
         self.starts = 0  # server starts so far; each cell records the one it ran on (``server_start``)
-        self.facts: dict[str, Any] = {}  # what the running server set up (Engine.started_facts)
+        # What the running server set up (Engine.started_facts), and its start's id (``server_start_id``,
+        # :func:`start_id`): every cell on that start records them, so a block's cells show which starts made them.
+        self.facts: dict[str, Any] = {}
         self.notes: list[str] = []
 
     def start(self) -> tuple[str, str]:
@@ -104,13 +116,16 @@ class Session:
             self.engine.prepare()  # the image pull: its own step, outside the startup timeout
         except ImagePullError as e:
             return "failed", str(e)
+        t_start = time.time()
+        self.facts = {}
         try:
             self.engine.start()
         except OSError as e:  # the server's program could not be run at all (missing, not executable)
             return "failed", f"could not start the server: {type(e).__name__}: {e}"
         try:
             self.startup_s = self.engine.ready()
-            self.facts, self.notes = self.engine.started_facts()
+            facts, self.notes = self.engine.started_facts()
+            self.facts = {**facts, "server_start_id": start_id(t_start, self.engine.pid() or os.getpid())}
             return "ok", ""
         except ServerStartError as e:
             reason = self.engine.failure_reason()

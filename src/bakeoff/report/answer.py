@@ -7,12 +7,16 @@ with its own arithmetic; both read them from here, and none is rounded before it
   one answer per node, labelled with the node, and no number is a mean across nodes (nodes of one kind
   differ by more than most margins).
 * **Leaders at fixed load.** For each experiment, prompt length and concurrency: the variant with the
-  highest mean output tok/s over its ok repeats, the runner-up, the margin, and whether the margin is
-  beyond the noise (bakeoff.results.spread: paired by block, else Welch; with one repeat a side: no verdict).
+  highest mean output tok/s over its ok repeats, the runner-up, the margin, and the verdict on the margin
+  with its interval (bakeoff.results.spread): "different", "equivalent within +-m %" (m =
+  ``answer.equivalence_margin_pct``, recorded in the summary), or "no verdict" with the blocks that would
+  settle it; and each block's direction. Paired by block, else Welch; resumed blocks are left out, and the
+  verdict says which and why.
 * **Leaders under an SLO.** From the capacity searches where they ran: the highest ``capacity_concurrency``
-  (ties: the higher rate). A margin of one concurrency step is within the search's resolution. A search
-  that did not converge gives "at least N"; one whose boundary re-check disagreed gives no verdict. Where
-  no search ran, the highest fixed concurrency whose p99 TTFT and TPOT met the SLO, said as such.
+  (equal capacities: the higher rate first). A margin of one concurrency step is within the search's
+  resolution. A search that did not converge gives "at least N"; one whose boundary re-check disagreed gives
+  no verdict. Where no search ran, the highest fixed concurrency whose p99 TTFT and TPOT met the SLO, said
+  as such.
 * **The frontier.** Per experiment and prompt length, each variant's throughput (at capacity under the
   first SLO searched, else at its highest fixed concurrency), quality loss (top-k KL against the 16-bit
   baseline) and J/token; Pareto-optimal where no other variant is at least as good on every measured axis
@@ -62,8 +66,12 @@ class Lead:
     value: float
     runner_up: str  # "" when only one variant measured
     runner_value: float
-    verdict: str  # "beyond the noise (p=...)", "within the noise (p=...)", "no verdict: ...", "only variant"
+    verdict: str  # in words: the verdict with its interval and the blocks' directions, or the capacity's
     at_least: tuple[bool, bool] = (False, False)  # leader's, runner-up's value is a lower bound (search unconverged)
+    # Fixed load only: the leader against the runner-up (bakeoff.results.spread), and the verdict's kind.
+    paired: spread.Paired | None = None
+    kind: str = ""  # spread.DIFFERENT, EQUIVALENT or NO_VERDICT; "" under an SLO or for an only variant
+    margin: float = math.nan  # the equivalence margin (%) it was judged with
 
     @property
     def margin_pct(self) -> float:
@@ -71,6 +79,7 @@ class Lead:
 
 
 def fixed_leaders(rows: Sequence[Row], metric: str = "output_throughput") -> list[Lead]:
+    resumed = spread.resumed_blocks(rows)
     by_cell: dict[tuple[str, int, str, int], dict[str, list[Row]]] = defaultdict(lambda: defaultdict(list))
     for r in _fixed_ok(rows):
         if number(r.get(metric)) is not None:
@@ -85,16 +94,19 @@ def fixed_leaders(rows: Sequence[Row], metric: str = "output_throughput") -> lis
                             "only variant" + _client_note(variants, (lead,))))
             continue
         second, runner = rest[0]
-        found = spread.pair(variants[runner], variants[lead], metric)
+        margin = spread.margin_of(variants[lead][0])
+        found = spread.pair(variants[runner], variants[lead], metric, resumed)
         if found is None:
-            verdict = "no verdict: measured on different nodes"
-        elif found[0].significant is None:
-            verdict = "no verdict: fewer than 2 repeats a side"
+            kind, verdict = spread.NO_VERDICT, "no verdict: measured on different nodes"
         else:
-            how = "beyond the noise" if found[0].significant else "within the noise"
-            verdict = f"{how} (p={found[0].p:.2g}, {found[0].pairing})"
+            v = found.verdict(margin)
+            kind, verdict = v.kind, v.words(found.diff)
+            if dirs := spread.directions(found.diff, runner, lead):
+                verdict += f"; {dirs}"
+            if found.left_out and not v.why:
+                verdict += f"; left out as resumed: {found.why_left_out}"
         out.append(Lead(exp, p, node, f"c={c}", lead, top, runner, second,
-                        verdict + _client_note(variants, (lead, runner))))
+                        verdict + _client_note(variants, (lead, runner)), paired=found, kind=kind, margin=margin))
     return out
 
 
@@ -125,10 +137,10 @@ def slo_leaders(rows: Sequence[Row], capacity: Sequence[Row]) -> list[Lead]:
             continue
         runner = ranked[1]
         second = number(runner["capacity_concurrency"]) or 0.0
-        verdict = ("tied" if value == second else "beyond the search's resolution" if value - second > 1 else
-                   "within the search's resolution (one concurrency step)")
+        verdict = ("the same capacity" if value == second else "beyond the search's resolution" if value - second > 1
+                   else "within the search's resolution (one concurrency step)")
         if value == second and str(lead.get("concurrency_at_limit")) == "True":
-            verdict = "tied at the search's maximum concurrency: both serve at least this many"
+            verdict = "the same at the search's maximum concurrency: both serve at least this many"
         open_ended = [_variant(r) for r in (lead, runner) if not _true(r.get("concurrency_converged"))]
         if open_ended:
             verdict = (f"no verdict: a search stopped at its probe limit before converging ({', '.join(open_ended)}); "
@@ -161,8 +173,8 @@ def slo_leaders(rows: Sequence[Row], capacity: Sequence[Row]) -> list[Lead]:
         note = "no search ran: the highest fixed concurrency meeting the SLO in every repeat"
         highest = max(c for cs in by_variant.values() for c in cs)
         if c1 == c2:
-            note += (f"; tied at the highest concurrency tested ({highest}): both serve at least this many"
-                     if c1 == highest else "; tied")
+            note += (f"; the same at the highest concurrency tested ({highest}): both serve at least this many"
+                     if c1 == highest else "; the same capacity")
         out.append(Lead(exp, p, node, slo, v1, float(c1), v2, float(c2), note))
     return out
 
@@ -236,4 +248,49 @@ def _mark_pareto(points: list[FrontierPoint]) -> list[FrontierPoint]:
             dominated = any(all(x >= y for x, y in zip(vecs[id(o)], a, strict=True)) and vecs[id(o)] != a
                             for o in group if o is not pt)
             out.append(FrontierPoint(**{**pt.__dict__, "pareto": not dominated}))
+    return out
+
+
+# results/answer.csv: one row per answer (bakeoff.results.columns registers each column).
+ANSWER_COLUMNS = ["experiment", "prompt_len", "node_id", "load", "leader", "leader_value", "leader_at_least",
+                  "runner_up", "runner_up_value", "runner_up_at_least", "margin_pct", "metric", "pairing", "blocks",
+                  "diff_pct", "ci95_lo_pct", "ci95_hi_pct", "ci90_lo_pct", "ci90_hi_pct", "p",
+                  "equivalence_margin_pct", "verdict", "blocks_needed", "leader_faster_blocks",
+                  "runner_up_faster_blocks", "blocks_left_out", "verdict_words"]
+
+
+def _csv_num(v: float | int | None) -> str:
+    if v is None or (isinstance(v, float) and math.isnan(v)):
+        return ""
+    return f"{v:.6g}" if isinstance(v, float) else str(v)
+
+
+def answer_rows(rows: Sequence[Row], capacity: Sequence[Row], metric: str = "output_throughput") -> list[dict[str, str]]:
+    """The answer as a table: every fixed-load and SLO leader, with the fixed-load verdict's numbers.
+
+    A fixed-load row's difference is the leader against the runner-up (``diff_pct``, its 95 % and 90 %
+    intervals, in percent of the runner-up); an SLO row compares capacities, so only ``verdict_words`` says how.
+    """
+    out = []
+    for x in [*fixed_leaders(rows, metric), *slo_leaders(rows, capacity)]:
+        r = {c: "" for c in ANSWER_COLUMNS}
+        r.update({"experiment": x.experiment, "prompt_len": str(x.prompt_len), "node_id": x.node, "load": x.load,
+                  "leader": x.leader, "leader_value": _csv_num(x.value), "leader_at_least": str(x.at_least[0]),
+                  "runner_up": x.runner_up, "runner_up_value": _csv_num(x.runner_value),
+                  "runner_up_at_least": str(x.at_least[1]) if x.runner_up else "",
+                  "margin_pct": _csv_num(x.margin_pct), "verdict": x.kind, "verdict_words": x.verdict})
+        if x.load.startswith("c="):
+            r["metric"] = metric
+        if x.paired is not None:
+            d = x.paired.diff
+            v = x.paired.verdict(x.margin)
+            r.update({"pairing": d.pairing, "blocks": str(d.n) if d.pairing == "blocks" else "",
+                      "diff_pct": _csv_num(d.rel_pct), "ci95_lo_pct": _csv_num(d.ci95[0]),
+                      "ci95_hi_pct": _csv_num(d.ci95[1]), "ci90_lo_pct": _csv_num(d.ci90[0]),
+                      "ci90_hi_pct": _csv_num(d.ci90[1]), "p": _csv_num(d.p), "equivalence_margin_pct": _csv_num(x.margin),
+                      "blocks_needed": _csv_num(v.needed),
+                      "leader_faster_blocks": str(d.b_faster) if d.pairing == "blocks" else "",
+                      "runner_up_faster_blocks": str(d.a_faster) if d.pairing == "blocks" else "",
+                      "blocks_left_out": x.paired.why_left_out})
+        out.append(r)
     return out

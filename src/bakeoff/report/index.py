@@ -9,6 +9,7 @@ published numbers beside ours, then the plots, then every row.
 from __future__ import annotations
 
 import base64
+import csv
 import html
 import io
 import math
@@ -79,7 +80,7 @@ def _lead_rows(leads: Sequence[answer.Lead], what: str) -> str:
                     f"<td>{_num(x.margin_pct, 3)}{'%' if x.runner_up else ''}</td>"
                     f"<td class='l'>{html.escape(x.verdict)}</td></tr>")
     head = (f"<tr><th>load</th><th>leader</th><th>{what}</th><th>runner-up</th><th>{what}</th><th>margin</th>"
-            f"<th>beyond the noise?</th></tr>")
+            f"<th>verdict</th></tr>")
     return f"<table class='answer'><thead>{head}</thead><tbody>{''.join(rows)}</tbody></table>"
 
 
@@ -87,9 +88,14 @@ def answer_html(rows: Sequence[Mapping[str, Any]], capacity: Sequence[Mapping[st
     fixed, slo = answer.fixed_leaders(rows), answer.slo_leaders(rows, capacity)
     parts = ["<section id='answer'><h2>The answer</h2>",
              "<p>Leaders by mean output tokens/s over the ok repeats (fixed load), and by the highest concurrency "
-             "within each latency SLO (p99 TTFT and p99 TPOT). A margin is called beyond the noise only when a "
-             "test across repeats says so; with one repeat a side there is no verdict. Each answer comes from one "
-             "node: rows from different nodes are never averaged.</p>"]
+             "within each latency SLO (p99 TTFT and p99 TPOT). At fixed load the leader is compared with the "
+             "runner-up, paired by block where both ran the same blocks: <b>different</b> where the 95% interval "
+             "of the difference excludes 0; <b>equivalent within &plusmn;m%</b> only where the 90% interval lies "
+             "inside &plusmn;m (answer.equivalence_margin_pct); otherwise <b>no verdict</b>, with the blocks "
+             "that would settle it. An interval that holds 0 shows no difference, and no sameness either. A "
+             "block whose cells came from more than one server start (a resumed block) is left out, and the "
+             "verdict says so. With one repeat a side there is no verdict. Each answer comes from one node: "
+             "rows from different nodes are never averaged.</p>"]
     for exp, node, p in sorted({(x.experiment, x.node, x.prompt_len) for x in [*fixed, *slo]}):
         here = (exp, node, p)
         parts.append(f"<h3 class='answer-head' data-node='{html.escape(node)}'>{html.escape(exp)}: prompt {p} tokens, "
@@ -124,9 +130,17 @@ def frontier_html(rows: Sequence[Mapping[str, Any]], capacity: Sequence[Mapping[
             f"{_png(frontier_figure(points))}{table}</section>")
 
 
-def index_html(summary: Path, capacity_csv: Path | None, plots: Sequence[Path], out: Path) -> None:
+def index_html(summary: Path, capacity_csv: Path | None, plots: Sequence[Path], out: Path,
+               answer_csv: Path | None = None) -> None:
+    """The page; and the answer as a table (``answer_csv``, results/answer.csv), where given."""
     rows = read_summary(summary)
     capacity = read_summary(capacity_csv) if capacity_csv and capacity_csv.exists() else []
+    if answer_csv is not None:
+        buf = io.StringIO()
+        w = csv.DictWriter(buf, fieldnames=answer.ANSWER_COLUMNS, extrasaction="raise")
+        w.writeheader()
+        w.writerows(answer.answer_rows(rows, capacity))
+        atomic_write_text(answer_csv, buf.getvalue())
     capacity = sorted(capacity, key=lambda r: tuple(str(r.get(k, "")) for k in CAPACITY_ORDER))  # by node, then cell
     cap_cols = ([c for c in CAPACITY_ORDER if c in capacity[0]] + [c for c in capacity[0] if c not in CAPACITY_ORDER]
                 if capacity else [])

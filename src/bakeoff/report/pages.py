@@ -24,7 +24,7 @@ tr.bad td{color:#a00}td.l{text-align:left}</style>"""
 # Columns shown first in the table (the rest follow, in summary order).
 LEAD = ["experiment", "engine", "format", "concurrency", "prompt_len", "status", "output_throughput",
         "median_ttft_ms", "median_tpot_ms", "repeats_ok", "output_throughput_cv_pct", "output_throughput_vs_ref_pct",
-        "output_throughput_vs_ref_significant", "client_saturated", "decode_tok_s", "decode_efficiency_pct", "ppl",
+        "output_throughput_vs_ref_verdict", "client_saturated", "decode_tok_s", "decode_efficiency_pct", "ppl",
         "accuracy", "output_throughput_vs_published", "sweep", "reason"]
 
 
@@ -63,22 +63,25 @@ def _list(title: str, lines: list[str]) -> str:
 def differences_html(rows: list[dict[str, str]]) -> str:
     """Each variant against its engine's 16-bit variant (and the engines' 16-bit variants against each other).
 
-    Significant means beyond the spread of the repeats (paired by block where both ran the same blocks on
-    one node, else Welch's t-test; p < 0.05; bakeoff.results.spread); with one repeat a side there is no
-    verdict, and the page says how many comparisons that leaves out. Only rows of one node are compared;
-    how far the same cell moved between nodes is listed apart.
+    Each difference gets its verdict (bakeoff.results.spread): different (the 95 % interval excludes 0),
+    equivalent within the row's margin (the 90 % interval inside it), or no verdict with the blocks that would
+    settle it; paired by block where both ran the same blocks on one node, else Welch's t-test. Resumed blocks
+    are left out and named. Only rows of one node are compared; how far the same cell moved between nodes is
+    listed apart.
     """
-    found = spread.comparisons(rows)
-    sig = [c.line() for c in found if c.diff.significant]
-    not_sig = [c.line() for c in found if c.diff.significant is False]
-    no_verdict = sum(c.diff.significant is None for c in found)
-    note = (f"<p>{no_verdict} comparisons have fewer than 2 ok repeats a side and no verdict "
-            f"(set load.repeats &ge; 2).</p>" if no_verdict else "")
+    margins = {str(r.get("experiment")): spread.margin_of(r) for r in rows}
+    by_kind: dict[str, list[str]] = {spread.DIFFERENT: [], spread.EQUIVALENT: [], spread.NO_VERDICT: []}
+    for c in spread.comparisons(rows):
+        m = margins.get(c.key[spread.CELL_KEY.index("experiment")], spread.DEFAULT_MARGIN_PCT)
+        by_kind[c.verdict(m).kind].append(c.line(m))
     nodes = [f"{n.cell} {n.variant}: {n.metric} " + ", ".join(f"{k}: {v:.1f}" for k, v in n.node_means.items())
              + f" (range {n.range_pct:.1f}% of the median)" for n in spread.node_spread(rows)]
-    return (f"<h3>Differences beyond the noise floor (within one node; paired by block, else Welch's t-test; "
-            f"p &lt; {spread.ALPHA})</h3>"
-            f"{_list('Significant', sig)}{_list('Not significant', not_sig)}{note}"
+    shown = sorted({f"{m:g}" for m in margins.values()}) or [f"{spread.DEFAULT_MARGIN_PCT:g}"]
+    return (f"<h3>Differences and their verdicts (within one node; paired by block, else Welch's t-test; "
+            f"equivalence margin &plusmn;{'/'.join(shown)}%)</h3>"
+            f"{_list('Different (the 95% interval excludes 0)', by_kind[spread.DIFFERENT])}"
+            f"{_list('Equivalent (the 90% interval lies inside the margin)', by_kind[spread.EQUIVALENT])}"
+            f"{_list('No verdict (and what would settle it)', by_kind[spread.NO_VERDICT])}"
             f"{_list('The same cell on different nodes (never compared)', nodes)}")
 
 

@@ -1,4 +1,5 @@
-"""The data dictionary: every column of ``results/summary.csv`` and ``results/capacity.csv``, defined once.
+"""The data dictionary: every column of ``results/summary.csv``, ``results/capacity.csv`` and the answer table
+(``results/report/answer.csv``), defined once.
 
 Why a registry in code: the columns are written by a dozen modules, each adding its own, and a reader of
 the CSV needs one place that says what a column means, in which unit, and which module to read for the
@@ -18,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from bakeoff.layout import CAPACITY_TABLE
+from bakeoff.layout import ANSWER_TABLE, CAPACITY_TABLE
 from bakeoff.layout import SUMMARY as SUMMARY_PATH
 
 # Raised whenever a column is renamed or removed, or changes its unit or meaning; a new column leaves it.
@@ -240,7 +241,11 @@ SERVER = _mixed(
     "percentage (0-100). Empty where the engine does not report it.",
     [
         ("startup_s", S, "Launch to ready of the server the cell ran on.", CELLS),
-        ("server_start", COUNT, "Which start of the variant's server ran the cell (1 = the first).", MEASURE),
+        ("server_start", COUNT, "Which start of the variant's server ran the cell (1 = the first), counted within "
+         "one job's process: a resumed job counts from 1 again.", MEASURE),
+        ("server_start_id", "", "The server start that ran the cell: its UTC start time and the server's pid "
+         "(`20261206T201530.123456Z-4242`), unique across processes, so a block's cells show which starts made "
+         "them.", "bakeoff.engines.session"),
         ("server_median_tpot_ms", MS, "Median over requests of the server's own time per generated token "
          "(llama-server's `timings.predicted_per_token_ms`).", METRICS),
         ("server_median_prompt_ms", MS, "Median over requests of the server's own prompt-processing time.",
@@ -424,7 +429,14 @@ SPREAD = Family(
     "`<metric>_ci95` is a half-width in the metric's unit: the interval is mean +- ci95 (unlike the bounds "
     "`_ci_lo`/`_ci_hi`). `_cv_pct` is a percentage (0-100).",
     (Column("repeats_ok", COUNT, "Repeats of the group with status `ok`.", "bakeoff.results.spread"),
-     Column("repeat_server_starts", COUNT, "Distinct server starts among them.", "bakeoff.results.spread"),
+     Column("repeat_server_starts", COUNT, "Distinct server starts among them (`server_start_id`).",
+            "bakeoff.results.spread"),
+     Column("block_server_starts", COUNT, "Distinct server starts (`server_start_id`) among the fixed cells of this "
+            "variant's block on this node; empty where the rows record no start id, or on a capacity probe.",
+            "bakeoff.results.spread"),
+     Column("block_resumed", "bool", "The block's cells came from more than one server start (a job resumed, or a "
+            "server restarted after it died): the block is left out of every paired verdict.",
+            "bakeoff.results.spread"),
      *(Column(n, u, d, "bakeoff.results.spread") for n, u, d in _spread_rows())),
 )
 
@@ -432,22 +444,38 @@ SPREAD = Family(
 def _vs_ref_rows() -> list[tuple[str, str, str]]:
     metrics = ("output_throughput", "median_ttft_ms", "median_tpot_ms", "median_e2el_ms")
     return [row for m in metrics for row in (
-        (f"{m}_vs_ref_pct", PCT, f"(this variant's mean `{m}` - the reference's) / the reference's, in percent."),
-        (f"{m}_vs_ref_ci95_pct", PCT, f"Half-width of the 95 % interval of `{m}_vs_ref_pct`, in percentage "
-         "points (blocks pairing only)."),
-        (f"{m}_vs_ref_p", "p-value", f"p of the test on `{m}` (Welch's t, or paired t by block)."),
+        (f"{m}_vs_ref_pct", PCT, f"This variant's `{m}` against the reference's, in percent of the reference: paired, "
+         "the mean of the blocks' 100 (this - ref) / ref; Welch, the difference of the means over the reference's."),
+        (f"{m}_vs_ref_ci95_pct", PCT, f"Half-width of the 95 % interval of `{m}_vs_ref_pct`, in percentage points."),
+        (f"{m}_vs_ref_ci90_pct", PCT, f"Half-width of the 90 % interval of `{m}_vs_ref_pct` (the equivalence "
+         "test's), in percentage points."),
+        (f"{m}_vs_ref_p", "p-value", f"p of the test on `{m}` (Welch's t, or a t on the blocks' differences)."),
         (f"{m}_vs_ref_significant", "bool", "p < 0.05; empty with fewer than two ok repeats a side."),
+        (f"{m}_vs_ref_verdict", "", "`different` (the 95 % interval excludes 0), `equivalent` (the 90 % interval "
+         "lies inside +-`equivalence_margin_pct`) or `no verdict`."),
+        (f"{m}_vs_ref_blocks_needed", COUNT, "With `no verdict`: the blocks (Welch: repeats a side) at which, at the "
+         "observed spread, a true difference of the margin is called different and a true 0 equivalent, each "
+         "80 % of the time; empty: more than 1000, or another verdict."),
+        (f"{m}_vs_ref_faster_blocks", COUNT, f"Paired: the blocks (of `vs_ref_blocks`) in which this variant's "
+         f"`{m}` was faster than the reference's (higher throughput, lower latency)."),
     )]
 
 
 VS_REF = Family(
     "difference from the reference",
     "Each variant against its engine's 16-bit variant in the same cell and on the same node (`ref_variant`). "
-    "`_vs_ref_pct` is a relative difference in percent; `_vs_ref_ci95_pct` its half-width in percentage "
-    "points; `_vs_ref_p` a p-value; `_vs_ref_significant` is p < 0.05.",
+    "`_vs_ref_pct` is a relative difference in percent; `_vs_ref_ci95_pct` and `_vs_ref_ci90_pct` its "
+    "half-widths in percentage points; `_vs_ref_p` a p-value; `_vs_ref_verdict` one of `different`, "
+    "`equivalent`, `no verdict` (docs/methodology.md#statistics).",
     (Column("ref_variant", "", "The reference variant (`<engine>-<format>`).", "bakeoff.results.spread"),
      Column("vs_ref_pairing", "", "`blocks` (paired by block) or `welch` (independent repeats).",
             "bakeoff.results.spread"),
+     Column("vs_ref_blocks", COUNT, "Blocks paired (resumed blocks left out); empty for Welch.",
+            "bakeoff.results.spread"),
+     Column("vs_ref_blocks_left_out", "", "Blocks left out of the pairing and why (`block 1: llamacpp-q4_k_m's "
+            "cells came from 2 server starts`).", "bakeoff.results.spread"),
+     Column("equivalence_margin_pct", PCT, "The equivalence margin m the verdicts used "
+            "(`answer.equivalence_margin_pct`).", "bakeoff.results.spread"),
      *(Column(n, u, d, "bakeoff.results.spread") for n, u, d in _vs_ref_rows())),
 )
 
@@ -551,8 +579,53 @@ CAPACITY_IDENTITY = Family(
     "version", "As in the summary.",
     (Column("schema_version", "", "Version of this dictionary the row follows.", SUMMARY_STAGE),))
 
+ANSWER_FAMILY = _family(
+    "answer",
+    "One row per answer of the report's index page: per experiment, prompt length and node, the leader at each "
+    "fixed concurrency (`load` `c=<n>`) and under each SLO (`load` the preset's name). At fixed load the leader "
+    "is compared with the runner-up on `metric`: `diff_pct` and its interval bounds `_lo_pct`/`_hi_pct` are in "
+    "percent of the runner-up (docs/methodology.md#statistics); under an SLO capacities are compared, and only "
+    "`verdict_words` says how.",
+    "bakeoff.report.answer",
+    [
+        ("experiment", "", "Experiment (sweep point) name."),
+        ("prompt_len", TOKENS, "Prompt length."),
+        ("node_id", "", "The node every number of the answer was measured on."),
+        ("load", "", "`c=<concurrency>` (fixed load) or an SLO preset's name."),
+        ("leader", "", "The leading variant: the highest mean `metric`, or the most concurrent users within the SLO."),
+        ("leader_value", "", "Its mean `metric` (tok/s), or its capacity (concurrent users)."),
+        ("leader_at_least", "bool", "The leader's capacity is a lower bound (its search did not converge)."),
+        ("runner_up", "", "The runner-up variant (empty: the only variant)."),
+        ("runner_up_value", "", "Its value, as `leader_value`."),
+        ("runner_up_at_least", "bool", "The runner-up's capacity is a lower bound."),
+        ("margin_pct", PCT, "(leader's value - runner-up's) / runner-up's, in percent, from the means."),
+        ("metric", "", "The summary column compared at fixed load (`output_throughput`); empty under an SLO."),
+        ("pairing", "", "`blocks` (paired by block) or `welch`."),
+        ("blocks", COUNT, "Blocks paired (resumed blocks left out)."),
+        ("diff_pct", PCT, "The leader against the runner-up: paired, the mean of the blocks' relative differences; "
+         "Welch, the difference of the means, in percent of the runner-up."),
+        ("ci95_lo_pct", PCT, "Lower bound of the 95 % interval of `diff_pct`."),
+        ("ci95_hi_pct", PCT, "Upper bound of the 95 % interval of `diff_pct`."),
+        ("ci90_lo_pct", PCT, "Lower bound of the 90 % interval of `diff_pct` (the equivalence test's)."),
+        ("ci90_hi_pct", PCT, "Upper bound of the 90 % interval of `diff_pct`."),
+        ("p", "p-value", "Two-sided p of the test on the difference."),
+        ("equivalence_margin_pct", PCT, "The margin m of the equivalence test (`answer.equivalence_margin_pct`)."),
+        ("verdict", "", "At fixed load: `different`, `equivalent` or `no verdict`; empty under an SLO and for an "
+         "only variant."),
+        ("blocks_needed", COUNT, "With `no verdict`: the blocks that would settle a difference of m at the observed "
+         "spread (see the summary's `_vs_ref_blocks_needed`); empty: more than 1000, or another verdict."),
+        ("leader_faster_blocks", COUNT, "Paired: blocks in which the leader was faster."),
+        ("runner_up_faster_blocks", COUNT, "Paired: blocks in which the runner-up was faster."),
+        ("blocks_left_out", "", "Resumed blocks left out of the pairing, and why."),
+        ("verdict_words", "", "The verdict as the page says it: the interval, the blocks' directions, blocks left "
+         "out, and the client's saturation where it bears on the numbers."),
+    ],
+)
+
 SUMMARY = _summary()
 CAPACITY = Table("capacity", CAPACITY_TABLE,
                  "The capacity searches' results: the highest load each variant served within each SLO.",
                  (CAPACITY_IDENTITY, CAPACITY_SEARCH))
-TABLES = (SUMMARY, CAPACITY)
+ANSWER = Table("answer", ANSWER_TABLE, "The report's answer (results/report/index.html) as a table.",
+               (ANSWER_FAMILY,))
+TABLES = (SUMMARY, CAPACITY, ANSWER)

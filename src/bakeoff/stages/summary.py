@@ -33,7 +33,7 @@ COLUMNS = [
     "requests", "completed", "failed", "status", "reason",
     *SUMMARY_METRICS,
     "peak_rss_bytes", "memory_source", "peak_gpu_bytes", "weight_bytes", "bits_per_weight", "n_params",
-    "startup_s", "server_start", "slot_ctx", "warmup_requests",
+    "startup_s", "server_start", "server_start_id", "slot_ctx", "warmup_requests",
     "client_cpu_s", "client_cpu_s_per_1k_tokens",
     *CLIENT_HEALTH_COLUMNS, "client_rerun",
     *SERVER_METRICS,
