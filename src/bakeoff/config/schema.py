@@ -227,13 +227,13 @@ class ClientCfg(_Strict):
 
 
 class TraceGenCfg(_Strict):
-    """The trace generator (bakeoff.loadgen.trace): requests drawn from a trace's published statistics."""
+    """The trace generator (bakeoff.loadgen.trace): requests drawn from a trace's published statistics, their
+    token lengths scaled by ``trace.block_tokens`` over the statistics' block size (32 keeps a 512-token trace's
+    shape at 1/16 of its lengths)."""
 
     stats: str = "data/traces/mooncake_conversation.yaml"  # the fitted statistics and their source
     requests: PositiveInt = 64
     seed: NonNegativeInt = 0
-    # Token lengths x this (1/32 keeps the trace's shape at a CPU's size); block_tokens scales with it.
-    length_scale: PositiveFloat = 1.0
     max_input_len: PositiveInt | None = None  # longer drawn prompts are cut to this (recorded)
     max_output_len: PositiveInt | None = None
 
@@ -331,6 +331,10 @@ class LoadCfg(_Strict):
         if kind == "trace" and len(self.prompt_len) > 1:
             raise ValueError(f"load.workload.kind=trace: the trace sets each request's lengths, so load.prompt_len "
                              f"names one length (its warm-up prompts'), not {self.prompt_len}")
+        if kind == "trace" and len(self.concurrency) > 1:
+            raise ValueError(f"load.workload.kind=trace: a trace cell replays the trace's own arrivals (open loop), "
+                             f"so load.concurrency names one cell, not {self.concurrency} (the capacity search "
+                             f"probes concurrencies and rates of it)")
         if kind == "multiturn" and self.request_rate is not None:
             raise ValueError("load.workload.kind=multiturn runs closed-loop sessions: load.request_rate must be null")
         return self
