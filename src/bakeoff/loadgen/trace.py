@@ -213,29 +213,33 @@ LENGTH_PCTS = (0, 10, 20, 30, 40, 50, 60, 70, 80, 90, 95, 99, 100)
 
 
 def trace_stats(rows: Sequence[TraceRequest], block_tokens: int) -> dict[str, Any]:
-    """The statistics the generator draws from, computed from a trace (data/traces/*.yaml were made so)."""
+    """The statistics the generator draws from, computed from a trace (data/traces/*.yaml were made so).
+
+    A request's shared blocks are its leading blocks whose prefix an earlier request had; the root is the fewest
+    any request after the first shares (a system prompt every request opens with); a request that shares more
+    than the root continues the earliest request with that prefix."""
     ts = np.asarray([r.timestamp_ms for r in rows]) / 1000.0
     distinct, counts = np.unique(ts, return_counts=True)
     first: dict[tuple[int, ...], int] = {}
-    fractions: list[float] = []
-    new_blocks: list[int] = []
-    new_lengths: list[int] = []
-    continued = 0
-    root = len(rows[0].hash_ids)
+    shared: list[tuple[int, int | None]] = []  # (blocks shared, the request first holding them)
     for i, r in enumerate(rows):
         k = 0
         while k < len(r.hash_ids) and r.hash_ids[:k + 1] in first:
             k += 1
-        if i:
-            root = min(root, k)
-        if k > 0 and k > root:
-            continued += 1
-            fractions.append(k / len(rows[first[r.hash_ids[:k]]].hash_ids))
+        shared.append((k, first[r.hash_ids[:k]] if k else None))
+        for j in range(1, len(r.hash_ids) + 1):
+            first.setdefault(r.hash_ids[:j], i)
+    root = min((k for k, _ in shared[1:]), default=0)
+    fractions: list[float] = []
+    new_blocks: list[int] = []
+    new_lengths: list[int] = []
+    for r, (k, src) in zip(rows, shared, strict=True):
+        if k > root and src is not None:
+            fractions.append(k / len(rows[src].hash_ids))
             new_blocks.append(len(r.hash_ids) - k)
         else:
             new_lengths.append(r.input_length)
-        for j in range(1, len(r.hash_ids) + 1):
-            first.setdefault(r.hash_ids[:j], i)
+    continued = len(fractions)
     hit, total = implied_hits(rows, block_tokens)
     gaps = np.diff(distinct)
     return {"block_tokens": block_tokens, "requests": len(rows), "duration_s": float(ts[-1] - ts[0]),
