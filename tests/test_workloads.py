@@ -178,7 +178,7 @@ def test_think_time_separates_a_sessions_turns(echo: tuple[str, Arrivals]) -> No
     new = [f"<t{k}>" for k in range(3)]
     res = run_cell(url, "m", new, 8, 2, concurrency=1, show_progress=False, sessions=Sessions(3, [0.2, 0.2, 0.2]))
     recs = sorted(res.records, key=lambda r: r.index)
-    for a, b in zip(recs, recs[1:]):
+    for a, b in zip(recs, recs[1:], strict=False):
         assert b.start - a.done == pytest.approx(0.2, abs=0.03)  # sent a think time after the answer ended
         assert b.schedule_delay is not None and b.schedule_delay < 0.03
 
