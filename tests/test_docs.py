@@ -21,7 +21,7 @@ from conftest import ROOT
 DOCS = ROOT / "docs"
 # conf/ group -> the first column's header of the docs table that lists its options
 GROUPS = {"experiment": "experiment", "hardware": "hardware", "engine": "engine", "model": "model", "load": "load",
-          "eval": "eval"}
+          "eval": "eval", "workload": "workload"}
 # Pages other work adds to docs/; the README links them already. Checked like any link once they exist.
 PENDING = {"docs/columns.md", "docs/node-route-vllm.md"}
 

@@ -80,6 +80,12 @@ def _cmd_columns(a: argparse.Namespace) -> None:
         sys.stdout.write(render())
 
 
+def _cmd_trace_stats(a: argparse.Namespace) -> None:
+    from bakeoff.loadgen.trace import read, trace_stats
+
+    print(json.dumps(trace_stats(read(Path(a.trace), a.block_tokens), a.block_tokens), indent=2))
+
+
 def _cmd_node(a: argparse.Namespace) -> None:
     from bakeoff.stages import node
 
@@ -448,6 +454,12 @@ def build_parser() -> argparse.ArgumentParser:
     co.add_argument("--write", metavar="PATH", help=f"write it there (the committed copy: {COLUMNS_DOC}) "
                     "instead of printing it")
     co.set_defaults(func=_cmd_columns)
+
+    ts = sub.add_parser("trace-stats", help="the statistics the trace generator draws from, computed from a "
+                        "Mooncake-format trace (how data/traces/*.yaml were made)")
+    ts.add_argument("trace", help="a Mooncake-format JSONL file")
+    ts.add_argument("--block-tokens", type=int, default=512, help="tokens per hash_id block (Mooncake: 512)")
+    ts.set_defaults(func=_cmd_trace_stats)
 
     sm = sub.add_parser("samples", help="write the variants' sample generations side by side (markdown + json)")
     sm.add_argument("variants", nargs="+", help="samples.json of every variant")

@@ -199,6 +199,13 @@ def engine_problems(cfg: Config) -> list[str]:
         if need > ctx:
             problems.append(f"load.prompt_len {max(cfg.load.prompt_len)} + load.output_len {cfg.load.output_len} = "
                             f"{need} tokens exceeds engine {name!r}'s per-request context of {ctx} tokens")
+        if cfg.load.workload.kind != "fixed":
+            from bakeoff.loadgen.workload import longest_request
+
+            longest, what = longest_request(cfg.load)
+            if longest > ctx:
+                problems.append(f"load.workload {cfg.load.workload.kind}: {what} needs {longest} tokens, over engine "
+                                f"{name!r}'s per-request context of {ctx} tokens")
         problems += [f"engines.{name}: {p}" for p in plugin.config_problems(engine, cfg.hardware)]
     return problems
 

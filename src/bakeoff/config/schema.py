@@ -229,6 +229,75 @@ class ClientCfg(_Strict):
     workers: Literal["auto"] | PositiveInt = "auto"
 
 
+class TraceGenCfg(_Strict):
+    """The trace generator (bakeoff.loadgen.trace): requests drawn from a trace's published statistics, their
+    token lengths scaled by ``trace.block_tokens`` over the statistics' block size (32 keeps a 512-token trace's
+    shape at 1/16 of its lengths)."""
+
+    stats: str = "data/traces/mooncake_conversation.yaml"  # the fitted statistics and their source
+    requests: PositiveInt = 64
+    seed: NonNegativeInt = 0
+    max_input_len: PositiveInt | None = None  # longer drawn prompts are cut to this (recorded)
+    max_output_len: PositiveInt | None = None
+
+
+class TraceCfg(_Strict):
+    """Replay of a trace in the Mooncake format (bakeoff.loadgen.trace states the rules)."""
+
+    path: str | None = None  # a Mooncake-format JSONL file; null: drawn by the generator
+    block_tokens: PositiveInt = 512  # tokens per hash_id block (Mooncake's are 512)
+    time_scale: PositiveFloat = 1.0  # every arrival time x this (0.5: twice the trace's rate)
+    requests: PositiveInt | None = None  # the trace's first N requests (null: all)
+    generator: TraceGenCfg = TraceGenCfg()
+
+
+class MultiturnCfg(_Strict):
+    """Chat sessions (bakeoff.loadgen.sessions): each turn's prompt is the previous turns plus new text."""
+
+    turns: Annotated[int, Field(ge=2)] = 4
+    think_time_s: float = Field(default=1.0, ge=0.0)  # mean pause between a turn's answer and the next turn
+    think_distribution: Literal["exponential", "constant"] = "exponential"
+
+
+class SharedPrefixCfg(_Strict):
+    """G groups of P prompts, each group's prompts opening with one system prompt (sglang's generated-shared-prefix)."""
+
+    groups: PositiveInt = 4
+    prompts_per_group: PositiveInt = 8
+    system_prompt_len: PositiveInt = 256
+
+
+WORKLOAD_KINDS = ("fixed", "trace", "multiturn", "shared_prefix")
+
+
+class WorkloadCfg(_Strict):
+    """What a cell's requests are (bakeoff.loadgen.workload): ``fixed`` is every cell before workloads existed."""
+
+    kind: Literal["fixed", "trace", "multiturn", "shared_prefix"] = "fixed"
+    trace: TraceCfg | None = None
+    multiturn: MultiturnCfg | None = None
+    shared_prefix: SharedPrefixCfg | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _own_block(cls, data: Any) -> Any:
+        """The kind's own settings block, defaulted when absent; another kind's block is refused."""
+        if not isinstance(data, dict):
+            return data
+        kind = data.get("kind", "fixed")
+        stray = [k for k in WORKLOAD_KINDS[1:] if k != kind and data.get(k) is not None]
+        if stray:
+            raise ValueError(f"load.workload.kind={kind!r} but settings for {stray} are given: set the kind, or drop them")
+        if kind != "fixed" and data.get(kind) is None:
+            data = {**data, kind: {}}
+        return data
+
+    @property
+    def settings(self) -> BaseModel | None:
+        """The kind's own settings (None for ``fixed``)."""
+        return None if self.kind == "fixed" else getattr(self, self.kind)
+
+
 class LoadCfg(_Strict):
     concurrency: list[PositiveInt] = Field(min_length=1)
     prompt_len: list[PositiveInt] = Field(min_length=1)
@@ -256,6 +325,22 @@ class LoadCfg(_Strict):
     mode: Literal["fixed", "capacity"] = "fixed"
     capacity: CapacityCfg = CapacityCfg()
     client: ClientCfg = ClientCfg()
+    # What each cell sends (conf/workload/): fixed prompts of prompt_len, a trace, sessions, or shared prefixes.
+    workload: WorkloadCfg = WorkloadCfg()
+
+    @model_validator(mode="after")
+    def _workload_fits(self) -> LoadCfg:
+        kind = self.workload.kind
+        if kind == "trace" and len(self.prompt_len) > 1:
+            raise ValueError(f"load.workload.kind=trace: the trace sets each request's lengths, so load.prompt_len "
+                             f"names one length (its warm-up prompts'), not {self.prompt_len}")
+        if kind == "trace" and len(self.concurrency) > 1:
+            raise ValueError(f"load.workload.kind=trace: a trace cell replays the trace's own arrivals (open loop), "
+                             f"so load.concurrency names one cell, not {self.concurrency} (the capacity search "
+                             f"probes concurrencies and rates of it)")
+        if kind == "multiturn" and self.request_rate is not None:
+            raise ValueError("load.workload.kind=multiturn runs closed-loop sessions: load.request_rate must be null")
+        return self
 
     def for_variant(self, engine_load: dict[str, Any], fmt: str) -> tuple[LoadCfg, str]:
         """This load as one variant runs it, and a note when it runs fewer requests than configured."""

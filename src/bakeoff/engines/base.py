@@ -27,6 +27,7 @@ from bakeoff.engines.container import Container, container_name
 from bakeoff.errors import BakeoffError
 from bakeoff.hardware.gpu import server_env
 from bakeoff.hardware.memory import tree_rss
+from bakeoff.loadgen.prefix_cache import PrefixCacheCounters
 from bakeoff.loadgen.scrape import MetricNames
 from bakeoff.proc import ManagedProcess, ServerStartError, free_port, tail
 
@@ -144,6 +145,8 @@ class Engine(abc.ABC):
     toolchain: str | None = None
     # Its Prometheus names for KV-cache use, waiting and running requests; None: it exposes none.
     metric_names: MetricNames | None = None
+    # Its Prometheus counters of prompt tokens reused from a prefix cache; None: it exposes none.
+    prefix_cache_counters: PrefixCacheCounters | None = None
 
     # --- what the engine knows about itself, asked before any server starts ----------
     @classmethod
@@ -259,6 +262,18 @@ class Engine(abc.ABC):
         Asked once per server start, after it is ready; every cell on that start records them.
         """
         return {}, []
+
+    @classmethod
+    def prefix_caching_flags(cls, on: bool, settings: Mapping[str, Any]) -> tuple[list[str], tuple[str, ...]]:
+        """The flags that turn the engine's prefix caching ``on`` or off (the ``prefix_caching`` setting), and
+        the settings they take over (left out of the other flags); ``([], ())`` where it has no switch."""
+        return [], ()
+
+    @classmethod
+    def prefix_caching_state(cls, settings: Mapping[str, Any]) -> str:
+        """``on``, ``off`` or ``engine default``: what the ``prefix_caching`` setting asked, for the row."""
+        value = settings.get("prefix_caching")
+        return "engine default" if value is None else "on" if value else "off"
 
     def refusal_before_start(self) -> str | None:
         """The engine's own refusal of this variant, shown faster than a server start can (None: start it)."""

@@ -13,6 +13,7 @@ from bakeoff.engines.flags import settings_to_flags
 from bakeoff.engines.toolchain import toolchain_bin
 from bakeoff.errors import BakeoffError
 from bakeoff.layout import GGUF_NAME
+from bakeoff.loadgen.prefix_cache import PrefixCacheCounters
 from bakeoff.loadgen.scrape import MetricNames
 from bakeoff.models.manifest import read_manifest
 
@@ -26,6 +27,25 @@ class LlamaCppEngine(Engine):
     # KV occupancy comes from /slots: its Prometheus page has no KV gauge.
     metric_names = MetricNames(kv_usage=(), waiting=("llamacpp:requests_deferred",),
                                running=("llamacpp:requests_processing",), slots_kv=True)
+    prefix_cache_counters = PrefixCacheCounters(hits="llamacpp:prompt_tokens_cached_total",
+                                                computed="llamacpp:prompt_tokens_total")
+    # With prefix_caching on: llama.cpp's own defaults for what the engine config may have turned off.
+    CACHE_REUSE_TOKENS = 256  # --cache-reuse: the shortest chunk reused by shifting the KV cache
+    CACHE_RAM_MIB = 8192  # --cache-ram: the host prompt cache
+
+    @classmethod
+    def prefix_caching_flags(cls, on: bool, settings: Mapping[str, Any]) -> tuple[list[str], tuple[str, ...]]:
+        """On: a slot reuses the longest common prefix of its cached prompt (``--cache-prompt``), chunks further
+        in by shifting its KV (``--cache-reuse``, the settings' value or 256), and idle slots' prompts are kept in
+        a host prompt cache (``--cache-ram``, the settings' value where above 0, else 8192 MiB). Off: none of them
+        (``--no-cache-prompt --cache-reuse 0 --cache-ram 0``): every prompt is computed whole."""
+        if not on:
+            flags = ["--no-cache-prompt", "--cache-reuse", "0", "--cache-ram", "0"]
+        else:
+            ram = settings.get("cache_ram")
+            flags = ["--cache-prompt", "--cache-reuse", str(settings.get("cache_reuse") or cls.CACHE_REUSE_TOKENS),
+                     "--cache-ram", str(ram if ram not in (None, 0) else cls.CACHE_RAM_MIB)]
+        return flags, ("cache_prompt", "cache_reuse", "cache_ram")
 
     @classmethod
     def request_context(cls, settings: Mapping[str, Any], model_max_context: int | None = None) -> int:
@@ -103,7 +123,10 @@ class LlamaCppEngine(Engine):
         e = self.spec.engine
         cmd = [str(toolchain_bin(self.spec.toolchain_dir, "llama-server")), "-m", str(self.spec.model_dir / GGUF_NAME),
                "--host", self.host, "--port", str(self.port), "--alias", self.spec.served_name]
-        cmd += settings_to_flags(e.settings)
+        switch, taken = ([], ()) if e.settings.get("prefix_caching") is None else \
+            self.prefix_caching_flags(bool(e.settings["prefix_caching"]), e.settings)
+        cmd += settings_to_flags(e.settings, skip=("prefix_caching", *taken))
+        cmd += switch
         cmd += self.hardware_flags(self.spec.hardware, e.settings)
         if e.api_key:
             cmd += ["--api-key", e.api_key]

@@ -35,6 +35,7 @@ from bakeoff.engines.flags import settings_to_flags
 from bakeoff.errors import BakeoffError
 from bakeoff.hardware.gpu import docker_gpu_args
 from bakeoff.layout import GPU_SETUP, GPU_VENV_PYTHON, MANIFEST
+from bakeoff.loadgen.prefix_cache import PrefixCacheCounters
 from bakeoff.loadgen.scrape import MetricNames
 
 CONTAINER_MODEL_DIR = "/model"
@@ -138,6 +139,8 @@ class VllmEngine(Engine):
     context_setting = "max_model_len"
     metric_names = MetricNames(kv_usage=("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"),
                                waiting=("vllm:num_requests_waiting",), running=("vllm:num_requests_running",))
+    prefix_cache_counters = PrefixCacheCounters(hits="vllm:prefix_cache_hits_total",
+                                                queries="vllm:prefix_cache_queries_total")
     # Quant methods whose weights stay FP8 when served (the others are 16-bit checkpoints).
     runtime_fp8_methods = ("fp8", "fp8_online")
 
@@ -220,6 +223,11 @@ class VllmEngine(Engine):
             return int(w * 32 // 16)
         return w
 
+    @classmethod
+    def prefix_caching_flags(cls, on: bool, settings: Mapping[str, Any]) -> tuple[list[str], tuple[str, ...]]:
+        """Automatic prefix caching (on by default in vLLM's V1 engine): ``--[no-]enable-prefix-caching``."""
+        return (["--enable-prefix-caching"] if on else ["--no-enable-prefix-caching"]), ("enable_prefix_caching",)
+
     @property
     def python(self) -> str:
         """The interpreter the server runs under (:meth:`serving_python`)."""
@@ -265,7 +273,10 @@ class VllmEngine(Engine):
         load_format = model_serving(self.spec.model_dir).get("load_format")
         if load_format and settings.get("load_format") is None:
             args += ["--load-format", str(load_format)]
-        args += settings_to_flags(settings)
+        switch, taken = ([], ()) if settings.get("prefix_caching") is None else \
+            self.prefix_caching_flags(bool(settings["prefix_caching"]), settings)
+        args += settings_to_flags(settings, skip=("prefix_caching", *taken))
+        args += switch
         args += self.hardware_flags(self.spec.hardware, settings)
         if e.api_key:
             args += ["--api-key", e.api_key]

@@ -1,9 +1,9 @@
 """What a load cell records besides the client's view, over exactly its measured window.
 
-One object starts the GPU telemetry (bakeoff.hardware.telemetry) and the server-metrics
-scrape (bakeoff.loadgen.scrape) right before the first measured request and stops them
-right after the last, so warm-up and model load never enter the energy,
-utilization or queue peaks. The serve-load stage wires it to the load runner's
+One object starts the GPU telemetry (bakeoff.hardware.telemetry), the server-metrics
+scrape (bakeoff.loadgen.scrape) and the prefix-cache counters (bakeoff.loadgen.prefix_cache)
+right before the first measured request and stops them right after the last, so warm-up
+and model load never enter the energy, utilization, queue peaks or cache hits. The serve-load stage wires it to the load runner's
 window hooks and merges :meth:`MeasuredWindow.columns` into the cell's record.
 """
 
@@ -14,6 +14,7 @@ from typing import Any
 
 from bakeoff.engines.base import Engine
 from bakeoff.hardware.telemetry import GpuWindow
+from bakeoff.loadgen.prefix_cache import PrefixCacheWindow
 from bakeoff.loadgen.scrape import MetricsScraper
 
 
@@ -23,12 +24,16 @@ class MeasuredWindow:
     gpu: bool
     gpu_window: GpuWindow | None = None
     scraper: MetricsScraper | None = None
+    prefix_cache: PrefixCacheWindow | None = None
     notes: list[str] = field(default_factory=list)
 
     def start(self) -> None:
         spec = self.engine.spec
         self.scraper = MetricsScraper(self.engine.base_url, self.engine.metric_names, spec.engine.api_key,
                                       label=self.engine.name).start()
+        self.prefix_cache = PrefixCacheWindow(self.engine.base_url, self.engine.prefix_cache_counters,
+                                              spec.engine.api_key, label=self.engine.name)
+        self.prefix_cache.open()
         if self.gpu:
             self.gpu_window = GpuWindow(self.engine.env()).start()  # the server's own GPUs, as it was started
 
@@ -37,11 +42,15 @@ class MeasuredWindow:
             self.gpu_window.stop()
         if self.scraper is not None:
             self.scraper.stop()
+        if self.prefix_cache is not None:
+            self.prefix_cache.close()
 
-    def columns(self, output_tokens: int | None) -> dict[str, Any]:
+    def columns(self, output_tokens: int | None, prompt_tokens: int | None = None) -> dict[str, Any]:
         out: dict[str, Any] = {}
         if self.scraper is not None:
             out.update(self.scraper.columns())
+        if self.prefix_cache is not None:
+            out.update(self.prefix_cache.columns(prompt_tokens))
         if self.gpu_window is not None:
             out.update(self.gpu_window.columns(output_tokens))
         return out

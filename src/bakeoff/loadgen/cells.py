@@ -16,6 +16,7 @@ from typing import Any
 from bakeoff.config.schema import LoadCfg
 from bakeoff.errors import BakeoffError
 from bakeoff.layout import cell_name
+from bakeoff.loadgen import workload
 
 
 @dataclass(frozen=True)
@@ -43,8 +44,12 @@ def stable_seed(*parts: object) -> int:
 def requests_for(load: LoadCfg, concurrency: int) -> int:
     """Measured requests of a cell: the per-concurrency override, else max(num_requests, per-slot x c)."""
     if concurrency in load.num_requests_by_concurrency:
-        return load.num_requests_by_concurrency[concurrency]
-    return max(load.num_requests, load.requests_per_concurrency * concurrency)
+        n = load.num_requests_by_concurrency[concurrency]
+    else:
+        n = max(load.num_requests, load.requests_per_concurrency * concurrency)
+    if load.workload.kind != "fixed":  # a workload may size its cells itself (bakeoff.loadgen.workload.requests)
+        return workload.requests(load, n, concurrency)
+    return n
 
 
 def warmup_for(load: LoadCfg, concurrency: int, slots: int | None = None) -> int:
@@ -73,11 +78,17 @@ def cell_spec_hash(base: dict, load: LoadCfg) -> str:
     the per-format and per-concurrency request maps (a cell's own request count is in its record and
     checked by :func:`reusable`), the block seed, which orders the servers, not what a cell sends, and the
     capacity search, which runs after the cells, and the client's worker count, which changes how the requests
-    are sent, not what is sent (each cell records its own ``client_workers``).
+    are sent, not what is sent (each cell records its own ``client_workers``). The ``fixed`` workload is left
+    out too, so every cell made before workloads existed keeps its hash; any other workload is in, with the
+    sha256 of the files it reads (a trace, or the statistics one is drawn from).
     """
     exclude = {"concurrency", "prompt_len", "num_requests_by_format", "num_requests_by_concurrency", "block_seed",
                "mode", "capacity", "client"}
+    if load.workload.kind == "fixed":
+        exclude.add("workload")
     load_spec = load.model_dump(mode="json", exclude=exclude)
+    if load.workload.kind != "fixed":
+        load_spec["workload_files"] = workload.source_digest(load)
     return hashlib.sha256(json.dumps([base, load_spec], sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
@@ -108,3 +119,8 @@ def check_load_before_start(load: LoadCfg, context_tokens: int) -> None:
     if need > context_tokens:
         raise BakeoffError(f"prompt {max(load.prompt_len)} + output {load.output_len} = {need} tokens exceeds the "
                            f"context of {context_tokens}")
+    if load.workload.kind != "fixed":
+        need, what = workload.longest_request(load)
+        if need > context_tokens:
+            raise BakeoffError(f"workload {load.workload.kind}: {what} needs {need} tokens, over the context of "
+                               f"{context_tokens}")

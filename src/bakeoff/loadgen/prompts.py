@@ -54,3 +54,8 @@ def make_prompts(tokenizer: Any, length: int, count: int, seed: int = 0, tag: st
     rng = np.random.default_rng(seed)
     vocab = _vocab_ids(tokenizer)
     return [exact_length_prompt(tokenizer, length, rng, f"{tag}{i}:", vocab) for i in range(count)]
+
+
+def vocab_ids(tokenizer: Any) -> np.ndarray:
+    """The token ids prompts are drawn from: the whole vocabulary but its special tokens."""
+    return _vocab_ids(tokenizer)

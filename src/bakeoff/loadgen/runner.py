@@ -19,7 +19,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from bakeoff.loadgen.health import cell_health
 from bakeoff.loadgen.metrics import RequestRecord
-from bakeoff.loadgen.workers import Plan, deal, run_local, run_processes, split
+from bakeoff.loadgen.workers import Plan, Sessions, deal, run_local, run_processes, split
 
 
 @dataclass
@@ -49,17 +49,28 @@ def worker_count(workers: int, concurrency: int, n: int, open_loop: bool) -> int
 def plans(url: str, model: str, prompts: list[str], prompt_len: int, output_len: int, concurrency: int,
           workers: int, request_rate: float | None = None, seed: int = 0, warmup_prompts: list[str] | None = None,
           warmup_concurrency: int | None = None, temperature: float = 0.0,
-          headers: dict[str, str] | None = None, timeout_s: float = 600.0) -> list[Plan]:
-    """Each worker's part of the cell (bakeoff.loadgen.workers states the split)."""
-    n = len(prompts)
-    w = worker_count(workers, concurrency, n, request_rate is not None)
+          headers: dict[str, str] | None = None, timeout_s: float = 600.0, offsets: list[float] | None = None,
+          prompt_lens: list[int] | None = None, output_lens: list[int] | None = None,
+          sessions: Sessions | None = None) -> list[Plan]:
+    """Each worker's part of the cell (bakeoff.loadgen.workers states the split).
+
+    ``offsets``: each request's send time from the cell's start (an open loop on a given schedule, a trace's,
+    instead of Poisson arrivals); ``sessions``: closed-loop multi-turn sessions over the prompts (the shared
+    counter then hands out sessions)."""
+    n = len(prompts) // sessions.turns if sessions is not None else len(prompts)
+    open_loop = request_rate is not None or offsets is not None
+    w = worker_count(workers, concurrency, n, open_loop)
     warm = warmup_prompts or []
     warm_slots = split(max(concurrency, warmup_concurrency or 0, w), w)
-    slots = split(concurrency, w) if request_rate is None else [0] * w
-    dealt = deal(schedule(request_rate, n, seed), w) if request_rate is not None else [None] * w
+    slots = split(concurrency, w) if not open_loop else [0] * w
+    if offsets is not None:
+        dealt: list[list[tuple[int, float]] | None] = list(deal(offsets, w))
+    else:
+        dealt = list(deal(schedule(request_rate, n, seed), w)) if request_rate is not None else [None] * w
     return [Plan(worker=k, url=url, model=model, prompts=prompts, prompt_len=prompt_len, output_len=output_len,
                  slots=slots[k], schedule=dealt[k], warm=warm[k::w], warm_slots=warm_slots[k],
-                 temperature=temperature, headers=headers, timeout_s=timeout_s) for k in range(w)]
+                 temperature=temperature, headers=headers, timeout_s=timeout_s, prompt_lens=prompt_lens,
+                 output_lens=output_lens, sessions=sessions) for k in range(w)]
 
 
 def run_cell(
@@ -83,6 +94,10 @@ def run_cell(
     on_measure_end: Callable[[], None] | None = None,
     stop_when: Callable[[RequestRecord], bool] | None = None,
     workers: int = 1,
+    offsets: list[float] | None = None,
+    prompt_lens: list[int] | None = None,
+    output_lens: list[int] | None = None,
+    sessions: Sessions | None = None,
 ) -> CellResult:
     """Run warm-up, then the measured requests, over ``workers`` event loops.
 
@@ -92,12 +107,17 @@ def run_cell(
     ``on_measure_start``/``on_measure_end`` run right before the first and right after the last measured
     request (warm-up excluded): per-cell telemetry such as the GPU energy counter is read exactly over the
     measured window.
+
+    ``offsets``, ``prompt_lens``, ``output_lens`` and ``sessions`` describe a workload other than fixed prompts
+    (bakeoff.loadgen.workload; :func:`plans` says how they are sent); left out, the cell is as it always was.
     """
     url = base_url.rstrip("/") + "/v1/completions"
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else None
     parts = plans(url, model, prompts, prompt_len, output_len, concurrency, workers, request_rate, seed,
-                  warmup_prompts, warmup_concurrency, temperature, headers, timeout_s)
+                  warmup_prompts, warmup_concurrency, temperature, headers, timeout_s, offsets, prompt_lens,
+                  output_lens, sessions)
     n = len(prompts)
+    takes = n // sessions.turns if sessions is not None else n  # what the shared counter hands out
     records: list[RequestRecord | None] = [None] * n
     ends: list[float] = []
     stopped = [False]
@@ -117,9 +137,9 @@ def run_cell(
             return stopped[0]
 
         if len(parts) == 1:
-            health = run_local(parts[0], n, on_done, on_measure_start)
+            health = run_local(parts[0], takes, on_done, on_measure_start)
         else:
-            health = run_processes(parts, n, on_done, on_measure_start)
+            health = run_processes(parts, takes, on_done, on_measure_start)
         if on_measure_end is not None:
             on_measure_end()
     sent = [r for r in records if r is not None]
@@ -132,6 +152,8 @@ def run_cell(
     client = cell_health(health)
     client["client_cpu_s_per_1k_tokens"] = 1000.0 * client["client_cpu_s"] / streamed if streamed else float("nan")
     client["stopped_early"] = stopped[0]
+    if sessions is not None:  # the workers' time assembling each turn's prompt, all together
+        client["client_prompt_build_s"] = sum(float(h.get("prompt_build_s", 0.0)) for h in health)
     return CellResult(sent, duration, client)
 
 

@@ -63,6 +63,25 @@ class Plan:
     temperature: float = 0.0
     headers: dict[str, str] | None = None
     timeout_s: float = 600.0
+    # A workload other than fixed prompts (bakeoff.loadgen.workload): per-request lengths, where they differ
+    # (a prompt may then be token ids), and multi-turn sessions.
+    prompt_lens: list[int] | None = None
+    output_lens: list[int] | None = None
+    sessions: Sessions | None = None
+
+
+@dataclass(frozen=True)
+class Sessions:
+    """Closed-loop multi-turn sessions (bakeoff.loadgen.sessions states the rules).
+
+    The shared counter hands out sessions, not requests: a slot runs session ``s``'s ``turns`` turns in order,
+    turn ``k`` being request ``s x turns + k``, whose prompt is the previous turn's prompt, its answer, and
+    ``prompts[s x turns + k]`` (the turn's new text). Turn ``k + 1`` is due ``think_s[s x turns + k]`` seconds
+    after turn ``k``'s answer ended.
+    """
+
+    turns: int
+    think_s: list[float]
 
 
 def split(total: int, workers: int) -> list[int]:
@@ -211,15 +230,41 @@ async def drive(plan: Plan, ctl: Control, cpu: Callable[[], float] = _cpu_s) -> 
         cpu0, wall0 = cpu(), time.perf_counter()
         records: list[RequestRecord] = []
 
-        async def request(i: int, intended: float) -> None:
-            rec = RequestRecord(i, plan.prompt_len, plan.output_len, worker=plan.worker)
+        async def request(i: int, intended: float, prompt: Any = None) -> RequestRecord:
+            rec = RequestRecord(i, plan.prompt_lens[i] if plan.prompt_lens else plan.prompt_len,
+                                plan.output_lens[i] if plan.output_lens else plan.output_len, worker=plan.worker)
             records.append(rec)
-            await one(rec, plan.prompts[i], t0)
+            await one(rec, plan.prompts[i] if prompt is None else prompt, t0)
             rec.schedule_delay = rec.start - intended
             rec.done = time.perf_counter() - t0
             ctl.done(rec, rec.done)
+            return rec
 
-        if plan.schedule is None:
+        build = [0.0]  # seconds spent assembling multi-turn prompts, on this worker's clock
+        if plan.sessions is not None:
+            sessions = plan.sessions
+
+            async def session_slot() -> None:
+                intended = 0.0
+                while not ctl.stopped() and (s := ctl.take()) is not None:
+                    history = ""
+                    for k in range(sessions.turns):
+                        i = s * sessions.turns + k
+                        b = time.perf_counter()
+                        prompt = history + plan.prompts[i]
+                        build[0] += time.perf_counter() - b
+                        rec = await request(i, intended, prompt)
+                        intended = time.perf_counter() - t0  # the slot's next session is due when this one ends
+                        if not rec.success or ctl.stopped() or k == sessions.turns - 1:
+                            break  # a turn without an answer ends its session: the next has no history to grow
+                        b = time.perf_counter()
+                        history = prompt + rec.generated_text
+                        build[0] += time.perf_counter() - b
+                        intended = (rec.done or intended) + sessions.think_s[i]
+                        await until(t0 + intended)
+
+            await asyncio.gather(*(session_slot() for _ in range(plan.slots)))
+        elif plan.schedule is None:
             async def slot() -> None:
                 intended = 0.0
                 while not ctl.stopped() and (i := ctl.take()) is not None:
@@ -245,7 +290,8 @@ async def drive(plan: Plan, ctl: Control, cpu: Callable[[], float] = _cpu_s) -> 
              "loop_lag_p99_ms": float(np.percentile(lag, 99) * 1000.0) if lag else 0.0,
              "schedule_delay_p50_ms": float(np.percentile(delays, 50)) if delays else 0.0,
              "schedule_delay_p99_ms": float(np.percentile(delays, 99)) if delays else 0.0,
-             "retried": sum(r.retried for r in records)})
+             "retried": sum(r.retried for r in records),
+             **({"prompt_build_s": build[0]} if plan.sessions is not None else {})})
 
 
 def _event_loop_runner() -> Callable[[Any], Any]:

@@ -84,6 +84,16 @@ def _lead_rows(leads: Sequence[answer.Lead], what: str) -> str:
     return f"<table class='answer'><thead>{head}</thead><tbody>{''.join(rows)}</tbody></table>"
 
 
+def _workloads(rows: Sequence[Mapping[str, Any]]) -> dict[str, tuple[str, str]]:
+    """Each experiment's workload (``load.workload``) and what its first row says it replayed; rows from before
+    workloads existed are ``fixed``."""
+    out: dict[str, tuple[str, str]] = {}
+    for r in rows:
+        if r.get("experiment") not in out and r.get("status") == "ok":
+            out[str(r["experiment"])] = (str(r.get("workload") or "fixed"), str(r.get("workload_detail") or ""))
+    return out
+
+
 def answer_html(rows: Sequence[Mapping[str, Any]], capacity: Sequence[Mapping[str, Any]]) -> str:
     fixed, slo = answer.fixed_leaders(rows), answer.slo_leaders(rows, capacity)
     parts = ["<section id='answer'><h2>The answer</h2>",
@@ -96,10 +106,15 @@ def answer_html(rows: Sequence[Mapping[str, Any]], capacity: Sequence[Mapping[st
              "block whose cells came from more than one server start (a resumed block) is left out, and the "
              "verdict says so. With one repeat a side there is no verdict. Each answer comes from one node: "
              "rows from different nodes are never averaged.</p>"]
+    workloads = _workloads(rows)
     for exp, node, p in sorted({(x.experiment, x.node, x.prompt_len) for x in [*fixed, *slo]}):
         here = (exp, node, p)
-        parts.append(f"<h3 class='answer-head' data-node='{html.escape(node)}'>{html.escape(exp)}: prompt {p} tokens, "
+        kind, detail = workloads.get(exp, ("fixed", ""))
+        parts.append(f"<h3 class='answer-head' data-node='{html.escape(node)}' data-workload='{html.escape(kind)}'>"
+                     f"{html.escape(exp)}: workload {html.escape(kind)}, prompt {p} tokens, "
                      f"node {html.escape(node) or 'unknown'}</h3>")
+        if detail:
+            parts.append(f"<p class='workload'>Replayed: {html.escape(detail)}</p>")
         parts.append("<h4>At fixed concurrency (output tokens/s)</h4>")
         parts.append(_lead_rows([x for x in fixed if (x.experiment, x.node, x.prompt_len) == here], "tok/s"))
         parts.append("<h4>Under an SLO (the most concurrent users)</h4>")

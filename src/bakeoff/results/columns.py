@@ -296,6 +296,46 @@ CLIENT = _mixed(
     ],
 )
 
+WORKLOAD = _mixed(
+    "workload",
+    "What the cell sent (`load.workload`: fixed, trace, multiturn, shared_prefix; docs/methodology.md has a "
+    "section for each) and what the server's prefix cache made of it. `prefix_cache_` columns are the server's "
+    "counters over the measured window, in prompt tokens; `_hit_rate` columns are over the prompt tokens the "
+    "cell sent; `_first_turn` / `_later_turns` split a multi-turn cell's requests by turn.",
+    [
+        ("workload", "", "The workload kind (`fixed`: distinct prompts of `prompt_len` tokens).", MEASURE),
+        ("workload_detail", "", "What the cell replayed: the trace and its source, the sessions and their turns, or "
+         "the groups and their system prompt; empty for `fixed`.", "bakeoff.loadgen.workload"),
+        ("workload_build_s", S, "Client seconds spent making the cell's requests before it started (off the "
+         "clock).", "bakeoff.loadgen.workload"),
+        ("trace_time_scale", RATIO, "The factor the trace's arrival times were multiplied by (a rate probe's comes "
+         "from its rate); empty where the trace was sent closed loop.", "bakeoff.loadgen.workload"),
+        ("implied_prefix_hit_rate", FRACTION, "Prompt tokens a prefix cache without limit would reuse, over the "
+         "prompt tokens sent: from the trace's `hash_ids`, the groups' system prompts, or each turn's history.",
+         "bakeoff.loadgen.workload"),
+        ("median_ttft_first_turn_ms", MS, "Median TTFT of first turns (multiturn).", "bakeoff.loadgen.sessions"),
+        ("median_ttft_later_turns_ms", MS, "Median TTFT of the later turns, whose history the server may have "
+         "cached (multiturn).", "bakeoff.loadgen.sessions"),
+        ("p99_ttft_first_turn_ms", MS, "99th percentile TTFT of first turns (multiturn).",
+         "bakeoff.loadgen.sessions"),
+        ("p99_ttft_later_turns_ms", MS, "99th percentile TTFT of the later turns (multiturn).",
+         "bakeoff.loadgen.sessions"),
+        ("client_prompt_build_s", S, "Client seconds the workers spent assembling each turn's prompt (the history "
+         "plus the new text) during the cell (multiturn).", "bakeoff.loadgen.runner"),
+        ("prefix_caching", "", "What the engine's `prefix_caching` setting asked: `on`, `off`, or `engine "
+         "default` (vLLM: on; llama.cpp: its slot's own prompt reuse, no host cache as conf/engine sets it).",
+         "bakeoff.engines.base"),
+        ("prefix_cache_hits", TOKENS, "Prompt tokens the server reused from its prefix cache over the measured "
+         "window (vLLM `prefix_cache_hits`, llama.cpp `prompt_tokens_cached`).", "bakeoff.loadgen.prefix_cache"),
+        ("prefix_cache_queries", TOKENS, "Prompt tokens the server looked up in it (vLLM `prefix_cache_queries`, 0 "
+         "with caching off; llama.cpp cached + computed).", "bakeoff.loadgen.prefix_cache"),
+        ("prefix_cache_hit_rate", FRACTION, "`prefix_cache_hits` over the prompt tokens the cell sent "
+         "(`total_input_tokens`): beside `implied_prefix_hit_rate`.", "bakeoff.loadgen.prefix_cache"),
+        ("prefix_cache_source", "", "Where the counters were read, or why they could not be.",
+         "bakeoff.loadgen.prefix_cache"),
+    ],
+)
+
 TELEMETRY = _family(
     "GPU telemetry",
     "The server's own GPUs (its `CUDA_VISIBLE_DEVICES`, by UUID) over the measured window, warm-up "
@@ -504,7 +544,7 @@ def _published(units: dict[str, str]) -> Family:
 
 
 def _summary() -> Table:
-    fams = [IDENTITY, OUTCOME, VLLM, STEADY, INTERVALS, MEMORY, SERVER, CLIENT, TELEMETRY, PROBES, QUALITY,
+    fams = [IDENTITY, OUTCOME, VLLM, STEADY, INTERVALS, MEMORY, SERVER, CLIENT, TELEMETRY, PROBES, WORKLOAD, QUALITY,
             KERNEL, ROOFLINE]
     units = {c.name: c.unit for f in fams for c in f.columns}
     return Table("summary", SUMMARY_PATH,

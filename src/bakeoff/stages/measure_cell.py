@@ -16,10 +16,12 @@ from pathlib import Path
 from typing import Any
 
 from bakeoff.config.schema import LoadCfg
+from bakeoff.engines import get_engine
 from bakeoff.engines.session import Session
 from bakeoff.engines.window import MeasuredWindow
 from bakeoff.hardware.fingerprint import node_id
 from bakeoff.hardware.memory import PeakSampler
+from bakeoff.loadgen import workload
 from bakeoff.loadgen.cells import Cell, record_base
 from bakeoff.loadgen.metrics import RequestRecord, summarize
 from bakeoff.loadgen.prompts import make_prompts
@@ -55,24 +57,41 @@ def measure(job: ServeJob, session: Session, base: dict, load: LoadCfg, tokenize
     """Measure one cell on the session's running server; write its records and summary; return the summary.
 
     ``cell.name`` names its files; a capacity probe passes its own (``extra`` adds its fields to the record).
+
+    A workload other than ``fixed`` (bakeoff.loadgen.workload) decides the cell's requests: their number (``n``
+    is what the load asks), prompts, lengths and schedule; a concurrency probe (``extra["probe_of"]``) runs it
+    closed loop. Its warm-up prompts stay fixed-style, unique, so the warm-up never fills a prefix cache.
     """
+    kind = load.workload.kind
+    closed = (extra or {}).get("probe_of") == "concurrency"
+    if kind != "fixed":
+        n = workload.requests(load, n, cell.concurrency)
+    open_loop = request_rate is not None or (kind == "trace" and not closed)
     out_dir = job.out_dir
     count_tokens = lambda text: len(tokenizer.encode(text, add_special_tokens=False))  # noqa: E731
     engine = session.engine
     assert engine is not None
     window = MeasuredWindow(engine, gpu=job.hardware.backend == "cuda")  # GPU telemetry and server metrics, warm-up excluded
-    in_flight = cell.concurrency if request_rate is None else n
+    in_flight = cell.concurrency if not open_loop else n
     workers = client_workers(job, load, in_flight)
     pristine = copy.deepcopy(stop_when)  # an early stop counts what it saw: a re-run starts from none
     attempts = 0
     while True:
-        prompts = make_prompts(tokenizer, cell.prompt_len, n + n_warm, seed=seed + attempts, tag=f"{cell.name}-")
-        warm, measured = prompts[:n_warm], prompts[n_warm:]
+        work: workload.CellWork | None = None
+        if kind == "fixed":
+            prompts = make_prompts(tokenizer, cell.prompt_len, n + n_warm, seed=seed + attempts, tag=f"{cell.name}-")
+            warm, measured = prompts[:n_warm], prompts[n_warm:]
+            requests: dict[str, Any] = {"prompts": measured}
+        else:
+            warm = make_prompts(tokenizer, cell.prompt_len, n_warm, seed=seed + attempts, tag=f"{cell.name}-w")
+            work = workload.build(load, tokenizer, cell.name, cell.prompt_len, n, cell.concurrency, seed + attempts,
+                                  request_rate, closed)
+            requests = work.run_kwargs()
         # The server's memory: its process tree's RSS, or its container's (never the docker client's);
         # GPU memory comes from the window, on the server's own GPUs.
         with PeakSampler(engine.pid() or os.getpid(), sample=engine.memory_bytes) as mem:
             t_cell = time.time()
-            res = run_cell(base_url=engine.base_url, model=base["model"], prompts=measured,
+            res = run_cell(base_url=engine.base_url, model=base["model"], **requests,
                            prompt_len=cell.prompt_len, output_len=load.output_len, concurrency=cell.concurrency,
                            request_rate=request_rate, warmup_prompts=warm, warmup_concurrency=n_warm,
                            temperature=load.temperature,
@@ -89,10 +108,12 @@ def measure(job: ServeJob, session: Session, base: dict, load: LoadCfg, tokenize
         workers, stop_when, attempts = more, copy.deepcopy(pristine), 1
         window = MeasuredWindow(engine, gpu=job.hardware.backend == "cuda")
     t_end = time.time()
+    # The steady span: a closed loop that keeps c requests in flight (sessions pause between turns: not one).
+    steady = not open_loop and kind != "multiturn"
     metrics = summarize(res.records, res.duration_s, slos_ms or job.slos_ms,
-                        concurrency=cell.concurrency if request_rate is None else None)  # steady span: closed loop
+                        concurrency=cell.concurrency if steady else None)
     job.sizer.observe(in_flight, metrics.get("output_throughput"), res.client.get("client_cpu_s_per_1k_tokens"))
-    telemetry = window.columns(metrics["total_output_tokens"])
+    telemetry = window.columns(metrics["total_output_tokens"], metrics["total_input_tokens"])
     notes = [base["load_note"], *notes, *session.notes]
     steady, vllm_def = metrics.get("steady_output_throughput"), metrics.get("output_throughput")
     if steady and vllm_def and abs(steady / vllm_def - 1.0) > STEADY_GAP:
@@ -116,7 +137,10 @@ def measure(job: ServeJob, session: Session, base: dict, load: LoadCfg, tokenize
               "node_id": node_id(telemetry.get("gpu_uuids")),
               "memory_source": engine.memory_source(),
               "peak_gpu_bytes": mem.peak_gpu, **telemetry, "started_utc": t_cell,
-              "ended_utc": t_end, "server_start": session.starts, **session.facts, **(extra or {})}
+              "ended_utc": t_end, "server_start": session.starts, **session.facts,
+              "workload": kind, **(workload.after(load, work, res.records) if work is not None else {}),
+              "prefix_caching": get_engine(job.engine_cfg.plugin).prefix_caching_state(job.engine_cfg.settings),
+              **(extra or {})}
     if request_rate is not None:
         record["request_rate"] = request_rate
     write_jsonl(out_dir / f"{cell.name}.jsonl", [r.to_json() for r in res.records])

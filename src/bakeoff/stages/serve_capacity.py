@@ -170,7 +170,8 @@ def run(job: ServeJob, session: Session, base: dict[str, Any], load: LoadCfg, to
                    "node_id": best.get("node_id"), "prompt_len": p, "slo": slo.name, "slo_ttft_ms": slo.ttft_ms,
                    "slo_tpot_ms": slo.tpot_ms, **_search_columns(closed, "concurrency"),
                    **{f"{k}_at_capacity": best.get(k) for k in AT_CAPACITY}}
-            if cap.rate and c_star > 0 and best.get("request_throughput"):
+            # Sessions are a closed loop (bakeoff.loadgen.sessions): they have no arrival rate to search.
+            if cap.rate and c_star > 0 and best.get("request_throughput") and load.workload.kind != "multiturn":
                 rates: dict[float, dict] = {}
 
                 def by_rate(r: float, slo: Slo = slo, p: int = p, rates: dict = rates, c: int = c_star) -> Verdict:

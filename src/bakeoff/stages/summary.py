@@ -22,7 +22,9 @@ from bakeoff.hardware.telemetry import COLUMNS as TELEMETRY_COLUMNS
 from bakeoff.hardware.telemetry import FINGERPRINT_COLUMNS
 from bakeoff.loadgen.health import COLUMNS as CLIENT_HEALTH_COLUMNS
 from bakeoff.loadgen.metrics import SERVER_METRICS, SUMMARY_METRICS
+from bakeoff.loadgen.prefix_cache import COLUMNS as PREFIX_CACHE_COLUMNS
 from bakeoff.loadgen.scrape import COLUMNS as SCRAPE_COLUMNS
+from bakeoff.loadgen.workload import COLUMNS as WORKLOAD_COLUMNS
 from bakeoff.models.artifacts import atomic_write_text
 from bakeoff.quality.compare import QUALITY_COLUMNS, quality_columns
 from bakeoff.results.columns import SCHEMA_VERSION
@@ -42,6 +44,8 @@ COLUMNS = [
     # capacity probes (load.mode: capacity): which search, which SLO, its verdict; empty on the fixed cells
     "cell", "probe_of", "slo", "probe_passed", "probe_exceeded", "probe_recheck", "stopped_early", "peak_in_flight",
     "over_ttft_share", "over_ttft_share_ub95", "over_tpot_share", "over_tpot_share_ub95",
+    # the workload (load.workload): what the cell replayed, and what the server's prefix cache made of it
+    *WORKLOAD_COLUMNS, "prefix_caching", *PREFIX_CACHE_COLUMNS,
     *QUALITY_COLUMNS,
 ]
 # results/capacity.csv: one row per variant, prompt length and SLO (bakeoff.stages.serve_capacity).
