@@ -329,7 +329,8 @@ PROBES = _family(
     [
         ("probe_of", "", "What the probe searched: `concurrency` (closed loop) or `rate` (open loop)."),
         ("slo", "", "The SLO preset the probe was judged against (`bakeoff.config.slo`)."),
-        ("probe_passed", "bool", "Every request succeeded and the p99 TTFT and TPOT met the SLO."),
+        ("probe_passed", "bool", "Every request succeeded and the p99 TTFT and TPOT met the SLO, under the "
+         "search's rule (`capacity_verdict_rule` in the capacity table; `load_note` names it too)."),
         ("probe_exceeded", "", "The bounds the probe exceeded (`ttft+tpot`, `failed`, `early stop`)."),
         ("probe_recheck", "bool", "The search's end re-ran this load to check its boundary (file stem ends in "
          "`-again`)."),
@@ -505,6 +506,10 @@ CAPACITY_SEARCH = _family(
         ("slo", "", "SLO preset (`bakeoff.config.slo`)."),
         ("slo_ttft_ms", MS, "The preset's bound on p99 TTFT."),
         ("slo_tpot_ms", MS, "The preset's bound on p99 TPOT."),
+        ("capacity_verdict_rule", "", "The rule that judged every probe of this row's searches "
+         "(`load.capacity.verdict`, bakeoff.loadgen.capacity): `point` (both p99s within the bounds) or "
+         "`confident` (also the one-sided 95 % upper bound on the share over each bound at most 1 %: at least 299 "
+         "requests a probe)."),
         ("capacity_concurrency", COUNT, "Highest concurrency whose probe met the SLO (0: even the lowest "
          "failed)."),
         ("concurrency_converged", "bool", "The concurrency search bracketed its capacity to adjacent values."),
