@@ -78,7 +78,7 @@ FRACTION, PCT, RATIO = "fraction (0-1)", "% (0-100)", "ratio"
 METRICS = "bakeoff.loadgen.metrics"
 CELLS = "bakeoff.loadgen.cells"
 MEASURE = "bakeoff.stages.measure_cell"
-SERVE = "bakeoff.stages.serve_load"
+SERVE = "bakeoff.stages.serve_variant"
 SUMMARY_STAGE = "bakeoff.stages.summary"
 DERIVED = "bakeoff.results.derived"
 
@@ -114,7 +114,7 @@ IDENTITY = _mixed(
         ("cell", "", "The cell's file stem under `results/raw/...` (`c8-p128`, a probe's own name).", CELLS),
         ("config_hash", "", "Hash (16 hex digits) of the experiment's resolved config when the row's variant "
          "was served: rows with equal hashes ran the same config, and the summary refuses an experiment whose "
-         "rows carry two.", SERVE),
+         "rows carry two.", "bakeoff.stages.serve_load"),
         ("sweep", "", "The swept values of this sweep point (`--config sweep=...`); empty without a sweep.",
          DERIVED),
         ("overrides", "", "Hydra overrides of this point against the experiment's defaults.", DERIVED),
