@@ -354,6 +354,7 @@ def test_capacity_mode_keeps_every_probe_as_a_cell_and_reuses_the_search(models:
     out = tmp_path / "raw"
     index = serve_load.run(ServeJob(load=load, out_dir=out, **v))
     (row,) = index["capacity"]
+    assert row["capacity_verdict_rule"] == "point"  # unset, on CPU: the point rule (config.schema.default_verdict)
     probes = [c for c in index["cells"] if c.get("probe_of")]
     closed = [c for c in probes if c["probe_of"] == "concurrency"]
     rechecks = len(row["concurrency_recheck"].split("; ")) if row["concurrency_recheck"] else 0

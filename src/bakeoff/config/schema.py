@@ -213,12 +213,23 @@ class CapacityCfg(_Strict):
     max_concurrency: PositiveInt = 1024
     rate: bool = True  # also search the open-loop (Poisson) request rate
     rate_resolution: PositiveFloat = 0.1  # the rate search stops when fail / pass <= 1 + this
+    # How a probe passes (bakeoff.loadgen.capacity): point, its p99s within the bounds; confident, also the 95 %
+    # upper bound on the share over each bound at most 1 % (at least 299 requests a probe). null: by the
+    # hardware (default_verdict), filled in when the whole config is validated.
+    verdict: Literal["point", "confident"] | None = None
 
     @model_validator(mode="after")
     def _known_slos(self) -> CapacityCfg:
         if unknown := [s for s in self.slo if s not in SLO_PRESETS]:
             raise ValueError(f"load.capacity.slo: unknown preset(s) {unknown}; known: {sorted(SLO_PRESETS)}")
         return self
+
+
+def default_verdict(backend: str) -> Literal["point", "confident"]:
+    """The capacity verdict rule where ``load.capacity.verdict`` is unset: ``confident`` on GPUs, where a
+    capacity is a published claim and 299-request probes take seconds; ``point`` on CPU, where the smoke
+    matrix's probes must fit minutes (its capacities say which rule made them)."""
+    return "confident" if backend == "cuda" else "point"
 
 
 class ClientCfg(_Strict):
@@ -442,6 +453,16 @@ class Config(_Strict):
     doctor: DoctorCfg = DoctorCfg()
     answer: AnswerCfg = AnswerCfg()
     site: SiteCfg = SiteCfg()
+
+    @model_validator(mode="after")
+    def _capacity_verdict(self) -> Config:
+        """Fill ``load.capacity.verdict`` from the hardware where unset (default_verdict), so every job's spec,
+        the config hash and the capacity rows carry the rule in force."""
+        cap = self.load.capacity
+        if cap.verdict is None:
+            filled = cap.model_copy(update={"verdict": default_verdict(self.hardware.backend)})
+            object.__setattr__(self, "load", self.load.model_copy(update={"capacity": filled}))  # frozen: set once here
+        return self
 
     @model_validator(mode="after")
     def _cross_checks(self) -> Config:

@@ -6,19 +6,34 @@ scenario), each for one engine; here every engine is probed by the same client a
 
 The rules, stated once:
 
-* **Verdict.** A probe passes when every request succeeded and its p99 TTFT and p99 TPOT (numpy's
-  interpolated 99th percentile, as in every cell) are at or under the SLO's bounds.
+* **Verdict, by one of two rules** (``load.capacity.verdict``):
+
+  - ``point``: a probe passes when every request succeeded and its p99 TTFT and p99 TPOT (numpy's
+    interpolated 99th percentile, as in every cell) are at or under the SLO's bounds. A point estimate:
+    with 64 requests and none over, the true share over a bound may still be 4.6 %.
+  - ``confident``: the point rule, and for each bound the one-sided 95 % (Clopper-Pearson) upper bound on
+    the share of requests over it is at most 1 %, so the true p99 is within the bound with 95 %
+    confidence. By the interval's duality that bound is at most 1 % exactly where
+    ``P(B <= k) <= 0.05`` for ``B ~ Binomial(n, 0.01)`` and ``k`` requests over the bound of ``n``
+    (``allowance``): 299 requests with none over at least (``0.99^n <= 0.05``), more where some are over
+    (1 of 473, 2 of 628, ...). This is MLPerf's early-stopping rule for a p99. Whatever the latency's
+    shape, a probe whose true share over a bound is above 1 % passes at most 5 % of the time.
+
 * **Probe length.** ``max(min_requests, waves x c)`` measured requests, after ``c`` uncounted warm-up
-  requests. With fewer than 100 requests a p99 lies near the slowest request, so a short probe errs
-  towards failing, never towards passing.
-* **Early stop (per bound).** Violations are counted per bound. Once one bound's count reaches
-  ``n - floor(0.99 (n - 1))`` of ``n``, both order statistics that bound's p99 interpolates between are over
-  it: the probe has failed whatever the rest do. A failed request fails the probe at once. A request over
-  TTFT only and another over TPOT only are one violation of each bound, not two of one. The probe stops
-  sending; requests in flight finish.
+  requests; under ``confident`` at least ``MIN_CONFIDENT_REQUESTS`` (299), the fewest with which the rule
+  can pass (``probe_requests``). With fewer than 100 requests a point p99 lies near the slowest request, so
+  a short probe errs towards failing, never towards passing.
+* **Early stop (per bound).** Violations are counted per bound; the probe stops as soon as one bound's
+  count makes failure certain under the rule in force, even if every remaining request is under
+  (``violation_limit``). Point: once the count reaches ``n - floor(0.99 (n - 1))`` of ``n``, both order
+  statistics that bound's p99 interpolates between are over it. Confident: once the count exceeds
+  ``allowance(n)``, since the upper bound only grows with the count and ``n`` is fixed. A failed request
+  fails the probe at once. A request over TTFT only and another over TPOT only are one violation of each
+  bound, not two of one. The probe stops sending; requests in flight finish.
 * **Concurrency search (closed loop).** The bracket starts from what the variant's fixed cells showed at
   the same prompt length: the highest concurrency that met the SLO below the lowest that failed is a known
-  pass, that lowest fail a known fail. From there (else from ``start``) it doubles until a probe fails or
+  pass, that lowest fail a known fail (under ``confident`` only the fails seed it: bakeoff.stages.
+  serve_capacity.fixed_verdicts). From there (else from ``start``) it doubles until a probe fails or
   ``maximum`` passes, then bisects between the highest pass and the lowest fail until they are adjacent.
   The default probe budget is the most probes this needs for any capacity in ``0..maximum``
   (``probes_needed``), so the search always converges.
@@ -41,21 +56,58 @@ import math
 from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from functools import lru_cache
+from typing import Any, Literal
+
+import numpy as np
 
 from bakeoff.config.slo import SLO_PRESETS, Slo
 from bakeoff.loadgen.metrics import RequestRecord
+from bakeoff.loadgen.orderstats import LEVEL
 
-__all__ = ["SLO_PRESETS", "Slo", "EarlyStop", "Search", "Verdict", "bracket_from_cells", "judge", "probes_needed",
-           "search_concurrency", "search_rate"]
+__all__ = ["SLO_PRESETS", "Slo", "EarlyStop", "Search", "Verdict", "allowance", "bracket_from_cells", "judge",
+           "probe_requests", "probes_needed", "search_concurrency", "search_rate"]
 
+Rule = Literal["point", "confident"]
+RULES: tuple[Rule, ...] = ("point", "confident")
 RATE_STEP = 1.5
 RATE_PROBES = 8  # the rate search's budget where none is configured
+P99_SHARE = 0.01  # the share of requests a p99 bound allows over it
+# The fewest requests with which ``confident`` can pass: none over, 0.99^n <= 0.05 (299).
+MIN_CONFIDENT_REQUESTS = math.ceil(math.log(1.0 - LEVEL) / math.log1p(-P99_SHARE))
 
 
-def violation_limit(n: int) -> int:
-    """Requests over a bound that make the p99 of ``n`` certainly over it (see the module's early-stop rule)."""
+@lru_cache(maxsize=4096)
+def allowance(n: int) -> int:
+    """The most requests of ``n`` over a bound at which the one-sided 95 % upper bound on the share over it is
+    still at most 1 % (-1: ``n`` is too small for any). Clopper-Pearson's bound is at most ``p`` exactly where
+    ``P(B <= k) <= 1 - level`` for ``B ~ Binomial(n, p)``, and that probability grows with ``k``."""
+    from scipy.stats import binom
+
+    if n <= 0:
+        return -1
+    return int(np.count_nonzero(binom.cdf(np.arange(n + 1), n, P99_SHARE) <= 1.0 - LEVEL)) - 1
+
+
+def _check_rule(rule: str) -> None:
+    if rule not in RULES:
+        raise ValueError(f"capacity verdict rule {rule!r} is unknown; known: {', '.join(RULES)}")
+
+
+def violation_limit(n: int, rule: Rule = "point") -> int:
+    """Requests of ``n`` over one bound that make the probe's failure certain under ``rule`` (the module's
+    early-stop rule): point, the p99 of ``n`` is then over the bound; confident, its upper bound is over 1 %."""
+    _check_rule(rule)
+    if rule == "confident":
+        return allowance(n) + 1
     return n - math.floor(0.99 * (n - 1))
+
+
+def probe_requests(concurrency: int, min_requests: int, waves: int, rule: Rule = "point") -> int:
+    """A probe's measured requests: ``max(min_requests, waves x c)``, and under ``confident`` at least the
+    fewest with which it can pass."""
+    _check_rule(rule)
+    return max(min_requests, waves * concurrency, MIN_CONFIDENT_REQUESTS if rule == "confident" else 0)
 
 
 def over(record: RequestRecord, slo: Slo) -> list[str]:
@@ -73,13 +125,20 @@ class EarlyStop:
 
     n: int
     slo: Slo
+    rule: Rule = "point"
     violations: Counter[str] = field(default_factory=Counter)  # per bound ("ttft", "tpot"; "failed")
+
+    def __post_init__(self) -> None:
+        _check_rule(self.rule)
+        if self.rule == "confident" and self.n < MIN_CONFIDENT_REQUESTS:
+            raise ValueError(f"a confident probe of {self.n} requests can never pass: it needs at least "
+                             f"{MIN_CONFIDENT_REQUESTS} (size it with probe_requests)")
 
     def __call__(self, record: RequestRecord) -> bool:
         self.violations.update(over(record, self.slo))
         if self.violations["failed"]:
             return True
-        limit = violation_limit(self.n)
+        limit = violation_limit(self.n, self.rule)
         return any(count >= limit for bound, count in self.violations.items() if bound != "failed")
 
 
@@ -90,10 +149,24 @@ class Verdict:
     stopped_early: bool = False
 
 
-def judge(metrics: Mapping[str, Any], slo: Slo, stopped_early: bool = False) -> Verdict:
-    """A probe's verdict from its cell metrics (``summarize``'s keys)."""
+def confident_within(metrics: Mapping[str, Any], bound: str) -> bool:
+    """The 95 % upper bound on the share of the completed requests over ``bound`` is at most 1 %.
+
+    Reads ``over_<bound>_share`` of ``completed``: the metrics must have been summarized against the SLO's
+    bounds (a probe's are); where that share is missing nothing is shown, so the rule does not pass.
+    """
+    n, share = metrics.get("completed"), metrics.get(f"over_{bound}_share")
+    if not n or share is None:
+        return False
+    return round(float(share) * int(n)) <= allowance(int(n))
+
+
+def judge(metrics: Mapping[str, Any], slo: Slo, stopped_early: bool = False, rule: Rule = "point") -> Verdict:
+    """A probe's verdict from its cell metrics (``summarize``'s keys) under ``rule`` (the module's Verdict)."""
+    _check_rule(rule)
     exceeded = [k for k, bound in slo.bounds().items()
-                if not (metrics.get(f"p99_{k}_ms") is not None and metrics[f"p99_{k}_ms"] <= bound)]
+                if not (metrics.get(f"p99_{k}_ms") is not None and metrics[f"p99_{k}_ms"] <= bound)
+                or (rule == "confident" and not confident_within(metrics, k))]
     if metrics.get("failed"):
         exceeded.append("failed")
     return Verdict(not exceeded and not stopped_early, tuple(exceeded) or (("early stop",) if stopped_early else ()),

@@ -16,7 +16,8 @@ with its own arithmetic; both read them from here, and none is rounded before it
   (equal capacities: the higher rate first). A margin of one concurrency step is within the search's
   resolution. A search that did not converge gives "at least N"; one whose boundary re-check disagreed gives
   no verdict. Where no search ran, the highest fixed concurrency whose p99 TTFT and TPOT met the SLO, said
-  as such.
+  as such. Each says which rule judged its probes (``capacity_verdict_rule``: ``point`` or
+  ``confident``; RULE_WORDS); capacities made by different rules are not compared.
 * **The frontier.** Per experiment and prompt length, each variant's throughput (at capacity under the
   first SLO searched, else at its highest fixed concurrency), quality loss (top-k KL against the 16-bit
   baseline) and J/token; Pareto-optimal where no other variant is at least as good on every measured axis
@@ -56,6 +57,16 @@ def _true(v: Any) -> bool:
     return str(v) == "True"
 
 
+# What each capacity verdict rule (bakeoff.loadgen.capacity) lets a reader conclude, in the page's words.
+RULE_WORDS = {"point": "point p99: each probe's p99 within the bounds",
+              "confident": "confident p99: 95 % sure each probe's true p99 is within the bounds"}
+
+
+def _rule(r: Row) -> str:
+    """The rule that made a capacity row (rows written before the rule was recorded were all ``point``)."""
+    return str(r.get("capacity_verdict_rule") or "point")
+
+
 @dataclass(frozen=True)
 class Lead:
     experiment: str
@@ -72,6 +83,7 @@ class Lead:
     paired: spread.Paired | None = None
     kind: str = ""  # spread.DIFFERENT, EQUIVALENT or NO_VERDICT; "" under an SLO or for an only variant
     margin: float = math.nan  # the equivalence margin (%) it was judged with
+    rule: str = ""  # under an SLO: the capacity verdict rule that made the values (RULE_WORDS); "" at fixed load
 
     @property
     def margin_pct(self) -> float:
@@ -133,7 +145,7 @@ def slo_leaders(rows: Sequence[Row], capacity: Sequence[Row]) -> list[Lead]:
             note = f"; client saturated in probes {lead['client_saturated_probes']}" if lead.get(
                 "client_saturated_probes") else ""
             out.append(Lead(exp, p, node, slo, _variant(lead), value, "", math.nan, "only variant" + note,
-                            (not _true(lead.get("concurrency_converged")), False)))
+                            (not _true(lead.get("concurrency_converged")), False), rule=_rule(lead)))
             continue
         runner = ranked[1]
         second = number(runner["capacity_concurrency"]) or 0.0
@@ -141,9 +153,10 @@ def slo_leaders(rows: Sequence[Row], capacity: Sequence[Row]) -> list[Lead]:
                    else "within the search's resolution (one concurrency step)")
         if value == second and str(lead.get("concurrency_at_limit")) == "True":
             verdict = "the same at the search's maximum concurrency: both serve at least this many"
-        open_ended = [_variant(r) for r in (lead, runner) if not _true(r.get("concurrency_converged"))]
+        open_ended = [f"{_variant(r)}: {r.get('concurrency_limit') or 'its probe budget'}" for r in (lead, runner)
+                      if not _true(r.get("concurrency_converged"))]
         if open_ended:
-            verdict = (f"no verdict: a search stopped at its probe limit before converging ({', '.join(open_ended)}); "
+            verdict = (f"no verdict: a search stopped at a limit before finding a failing load ({'; '.join(open_ended)}); "
                        f"its capacity is a lower bound")
         uncertain = [f"{_variant(r)}: {r.get('concurrency_recheck')}" for r in (lead, runner)
                      if _true(r.get("concurrency_uncertain"))]
@@ -151,10 +164,15 @@ def slo_leaders(rows: Sequence[Row], capacity: Sequence[Row]) -> list[Lead]:
             verdict = f"no verdict: a boundary re-check disagreed ({'; '.join(uncertain)})"
         saturated = [f"{_variant(r)} ({r['client_saturated_probes']})" for r in (lead, runner)
                      if r.get("client_saturated_probes")]
+        if _rule(lead) != _rule(runner):
+            verdict = (f"no verdict: capacities made by different rules ({_variant(lead)}: {_rule(lead)}, "
+                       f"{_variant(runner)}: {_rule(runner)})")
         if saturated:
             verdict += f"; client saturated in probes of {', '.join(saturated)}"
+        rule = _rule(lead) if _rule(lead) == _rule(runner) else f"{_rule(lead)} / {_rule(runner)}"
         out.append(Lead(exp, p, node, slo, _variant(lead), value, _variant(runner), second, verdict,
-                        (not _true(lead.get("concurrency_converged")), not _true(runner.get("concurrency_converged")))))
+                        (not _true(lead.get("concurrency_converged")), not _true(runner.get("concurrency_converged"))),
+                        rule=rule))
     if searched:
         return out
     # No search: what the fixed cells say, per preset.

@@ -72,8 +72,9 @@ def _lead_rows(leads: Sequence[answer.Lead], what: str) -> str:
         data = (f"data-experiment='{html.escape(x.experiment)}' data-prompt='{x.prompt_len}' "
                 f"data-node='{html.escape(x.node)}' data-load='{html.escape(x.load)}' "
                 f"data-leader='{html.escape(x.leader)}' data-value='{x.value!r}' "
-                f"data-runner='{html.escape(x.runner_up)}'")
-        rows.append(f"<tr class='lead' {data}><td>{html.escape(x.load)}</td><td><b>{html.escape(x.leader)}</b></td>"
+                f"data-runner='{html.escape(x.runner_up)}' data-rule='{html.escape(x.rule)}'")
+        rule = f"<br><small>{html.escape(x.rule)} rule</small>" if x.rule else ""
+        rows.append(f"<tr class='lead' {data}><td>{html.escape(x.load)}{rule}</td><td><b>{html.escape(x.leader)}</b></td>"
                     f"<td>{'at least ' if x.at_least[0] else ''}{_num(x.value)}</td>"
                     f"<td>{html.escape(x.runner_up) or '&mdash;'}</td>"
                     f"<td>{'at least ' if x.at_least[1] else ''}{_num(x.runner_value)}</td>"
@@ -105,7 +106,10 @@ def answer_html(rows: Sequence[Mapping[str, Any]], capacity: Sequence[Mapping[st
              "that would settle it. An interval that holds 0 shows no difference, and no sameness either. A "
              "block whose cells came from more than one server start (a resumed block) is left out, and the "
              "verdict says so. With one repeat a side there is no verdict. Each answer comes from one node: "
-             "rows from different nodes are never averaged.</p>"]
+             "rows from different nodes are never averaged. Under an SLO, each load names the rule that judged its "
+             "capacity's probes: "
+             + "; ".join(f"<i>{html.escape(k)}</i>, {html.escape(v)}" for k, v in answer.RULE_WORDS.items())
+             + " (the 95 % upper bound on the share of requests over each bound at most 1 %).</p>"]
     workloads = _workloads(rows)
     for exp, node, p in sorted({(x.experiment, x.node, x.prompt_len) for x in [*fixed, *slo]}):
         here = (exp, node, p)

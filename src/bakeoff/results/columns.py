@@ -79,7 +79,7 @@ FRACTION, PCT, RATIO = "fraction (0-1)", "% (0-100)", "ratio"
 METRICS = "bakeoff.loadgen.metrics"
 CELLS = "bakeoff.loadgen.cells"
 MEASURE = "bakeoff.stages.measure_cell"
-SERVE = "bakeoff.stages.serve_load"
+SERVE = "bakeoff.stages.serve_variant"
 SUMMARY_STAGE = "bakeoff.stages.summary"
 DERIVED = "bakeoff.results.derived"
 
@@ -115,7 +115,7 @@ IDENTITY = _mixed(
         ("cell", "", "The cell's file stem under `results/raw/...` (`c8-p128`, a probe's own name).", CELLS),
         ("config_hash", "", "Hash (16 hex digits) of the experiment's resolved config when the row's variant "
          "was served: rows with equal hashes ran the same config, and the summary refuses an experiment whose "
-         "rows carry two.", SERVE),
+         "rows carry two.", "bakeoff.stages.serve_load"),
         ("sweep", "", "The swept values of this sweep point (`--config sweep=...`); empty without a sweep.",
          DERIVED),
         ("overrides", "", "Hydra overrides of this point against the experiment's defaults.", DERIVED),
@@ -374,7 +374,8 @@ PROBES = _family(
     [
         ("probe_of", "", "What the probe searched: `concurrency` (closed loop) or `rate` (open loop)."),
         ("slo", "", "The SLO preset the probe was judged against (`bakeoff.config.slo`)."),
-        ("probe_passed", "bool", "Every request succeeded and the p99 TTFT and TPOT met the SLO."),
+        ("probe_passed", "bool", "Every request succeeded and the p99 TTFT and TPOT met the SLO, under the "
+         "search's rule (`capacity_verdict_rule` in the capacity table; `load_note` names it too)."),
         ("probe_exceeded", "", "The bounds the probe exceeded (`ttft+tpot`, `failed`, `early stop`)."),
         ("probe_recheck", "bool", "The search's end re-ran this load to check its boundary (file stem ends in "
          "`-again`)."),
@@ -573,6 +574,10 @@ CAPACITY_SEARCH = _family(
         ("slo", "", "SLO preset (`bakeoff.config.slo`)."),
         ("slo_ttft_ms", MS, "The preset's bound on p99 TTFT."),
         ("slo_tpot_ms", MS, "The preset's bound on p99 TPOT."),
+        ("capacity_verdict_rule", "", "The rule that judged every probe of this row's searches "
+         "(`load.capacity.verdict`, bakeoff.loadgen.capacity): `point` (both p99s within the bounds) or "
+         "`confident` (also the one-sided 95 % upper bound on the share over each bound at most 1 %: at least 299 "
+         "requests a probe)."),
         ("capacity_concurrency", COUNT, "Highest concurrency whose probe met the SLO (0: even the lowest "
          "failed)."),
         ("concurrency_converged", "bool", "The concurrency search bracketed its capacity to adjacent values."),

@@ -16,7 +16,8 @@ from bakeoff.engines.session import stop_on_signals
 from bakeoff.errors import BakeoffError
 from bakeoff.models.artifacts import atomic_write_text
 from bakeoff.stages.serve_job import ServeJob
-from bakeoff.stages.serve_load import prepare, run_cells
+from bakeoff.stages.serve_steps import Cells, serve
+from bakeoff.stages.serve_variant import prepare
 
 
 def run(job: ServeJob, out: Path) -> dict[str, Any]:
@@ -28,11 +29,7 @@ def run(job: ServeJob, out: Path) -> dict[str, Any]:
         if job.block >= p.load.repeats - 1:
             raise BakeoffError(f"block {job.block} is {job.engine_name}-{job.fmt}'s last of {p.load.repeats}: "
                                "serve-load runs it")
-        try:
-            if p.pending:
-                run_cells(job, p)
-        finally:
-            p.session.stop()
+        serve(p, [Cells(p)])
     index = {"variant": p.base, "block": job.block, "config_hash": job.config_hash,
              "cells": [json.loads((job.out_dir / f"{c.name}.json").read_text()) for c in p.mine]}
     atomic_write_text(out, json.dumps(index, indent=2, default=str) + "\n")

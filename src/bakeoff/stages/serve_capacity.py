@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from bakeoff.config.schema import EngineCfg, LoadCfg
+from bakeoff.config.schema import EngineCfg, LoadCfg, default_verdict
 from bakeoff.config.slo import SLO_PRESETS, Slo
 from bakeoff.engines import get_engine
 from bakeoff.engines.session import Session
@@ -22,10 +22,12 @@ from bakeoff.layout import CAPACITY_FILE, probe_name
 from bakeoff.loadgen.capacity import (
     RATE_PROBES,
     EarlyStop,
+    Rule,
     Search,
     Verdict,
     bracket_from_cells,
     judge,
+    probe_requests,
     search_concurrency,
     search_rate,
 )
@@ -91,14 +93,28 @@ def probe_seed(name: str, n: int) -> int:
     return stable_seed(name, n)
 
 
-def fixed_verdicts(cells: list[dict[str, Any]], slo: Slo, prompt_len: int) -> dict[int, bool]:
-    """Whether each fixed concurrency met ``slo`` at ``prompt_len`` in every repeat (cells that ran only)."""
+def verdict_rule(job: ServeJob, load: LoadCfg) -> Rule:
+    """The rule that judges this job's probes: ``load.capacity.verdict``, else the hardware's default (a job built
+    from a validated config always has it set)."""
+    return load.capacity.verdict or default_verdict(job.hardware.backend)
+
+
+def fixed_verdicts(cells: list[dict[str, Any]], slo: Slo, prompt_len: int, rule: Rule = "point") -> dict[int, bool]:
+    """Whether each fixed concurrency met ``slo`` at ``prompt_len`` in every repeat (cells that ran only).
+
+    Under ``confident`` a fixed cell gives only fails: a p99 over a bound fails that rule too, but a pass would
+    need the share over the preset's bounds (a fixed cell counts it against ``load.slo_ms``) and, usually,
+    more requests than a fixed cell sends; such a cell seeds nothing.
+    """
     met: dict[int, bool] = {}
     for rec in cells:
         if rec.get("probe_of") or rec.get("prompt_len") != prompt_len or rec.get("status") not in ("ok", "degraded"):
             continue
         c = int(rec["concurrency"])
-        met[c] = met.get(c, True) and judge(rec, slo).passed
+        passed = judge(rec, slo).passed
+        if passed and rule == "confident":
+            continue
+        met[c] = met.get(c, True) and passed
     return met
 
 
@@ -109,6 +125,7 @@ def run(job: ServeJob, session: Session, base: dict[str, Any], load: LoadCfg, to
     ``fixed``: the variant's fixed cell records, whose verdicts seed each concurrency search's bracket.
     """
     cap = load.capacity
+    rule = verdict_rule(job, load)
     # Every fixed slot serves a warm-up once per server start (the first probe after a start warms them all).
     slots = get_engine(job.engine_cfg.plugin).slots(job.engine_cfg.settings) or 0
     rows: list[dict[str, Any]] = []
@@ -131,10 +148,10 @@ def run(job: ServeJob, session: Session, base: dict[str, Any], load: LoadCfg, to
         rec = measure(job, session, base, load, tokenizer, session.engine.versions(), cell, n=n, n_warm=warm,
                       seed=probe_seed(name, n), request_rate=None if kind == "concurrency" else value,
                       notes=[f"capacity probe ({kind}, SLO {slo.name}: p99 TTFT <= {slo.ttft_ms:g} ms, p99 TPOT <= "
-                             f"{slo.tpot_ms:g} ms); warm-up {warm} requests"],
-                      stop_when=EarlyStop(n, slo), slos_ms=slo.bounds(),
+                             f"{slo.tpot_ms:g} ms, {rule} rule); warm-up {warm} requests"],
+                      stop_when=EarlyStop(n, slo, rule), slos_ms=slo.bounds(),
                       extra={"probe_of": kind, "slo": slo.name, "cell": name})
-        verdict = judge(rec, slo, bool(rec.get("stopped_early")))
+        verdict = judge(rec, slo, bool(rec.get("stopped_early")), rule)
         rec.update(probe_passed=verdict.passed, probe_exceeded="+".join(verdict.exceeded), probe_recheck=again)
         if kind == "rate":  # open loop: its concurrency is what the arrivals made, not a setting
             rec["concurrency"] = rec.get(PEAK_IN_FLIGHT)
@@ -151,7 +168,7 @@ def run(job: ServeJob, session: Session, base: dict[str, Any], load: LoadCfg, to
 
             def by_concurrency(c: int, slo: Slo = slo, p: int = p, at: dict = at, rechecked: set = rechecked) -> Verdict:
                 again = c in at  # the search's end re-checks a load it probed: a second file, the first kept
-                verdict, rec = probe(slo, "concurrency", c, p, max(cap.min_requests, cap.waves * c),
+                verdict, rec = probe(slo, "concurrency", c, p, probe_requests(c, cap.min_requests, cap.waves, rule),
                                      max(c, job.slots_to_warm(session.starts, slots) or 0), again)
                 if again:
                     rechecked.add(c)
@@ -159,7 +176,7 @@ def run(job: ServeJob, session: Session, base: dict[str, Any], load: LoadCfg, to
                     at[c] = rec
                 return verdict
 
-            known_pass, known_fail = bracket_from_cells(fixed_verdicts(fixed or [], slo, p))
+            known_pass, known_fail = bracket_from_cells(fixed_verdicts(fixed or [], slo, p, rule))
             maximum, limit = search_limit(session, cap.max_concurrency, p + load.output_len,
                                           str(base.get("parallel_set_by", "")))
             closed = search_concurrency(by_concurrency, cap.start_concurrency, maximum, cap.max_probes,
@@ -168,14 +185,14 @@ def run(job: ServeJob, session: Session, base: dict[str, Any], load: LoadCfg, to
             best = at.get(c_star, {})
             row = {**{k: base[k] for k in ("experiment", "model", "engine", "format", "hardware", "output_len")},
                    "node_id": best.get("node_id"), "prompt_len": p, "slo": slo.name, "slo_ttft_ms": slo.ttft_ms,
-                   "slo_tpot_ms": slo.tpot_ms, **_search_columns(closed, "concurrency"),
+                   "slo_tpot_ms": slo.tpot_ms, "capacity_verdict_rule": rule, **_search_columns(closed, "concurrency"),
                    **{f"{k}_at_capacity": best.get(k) for k in AT_CAPACITY}}
             # Sessions are a closed loop (bakeoff.loadgen.sessions): they have no arrival rate to search.
             if cap.rate and c_star > 0 and best.get("request_throughput") and load.workload.kind != "multiturn":
                 rates: dict[float, dict] = {}
 
                 def by_rate(r: float, slo: Slo = slo, p: int = p, rates: dict = rates, c: int = c_star) -> Verdict:
-                    verdict, rec = probe(slo, "rate", r, p, max(cap.min_requests, cap.waves * c),
+                    verdict, rec = probe(slo, "rate", r, p, probe_requests(c, cap.min_requests, cap.waves, rule),
                                          max(c, job.slots_to_warm(session.starts, slots) or 0))
                     rates[r] = rec
                     return verdict

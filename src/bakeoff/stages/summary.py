@@ -51,7 +51,7 @@ COLUMNS = [
 # results/capacity.csv: one row per variant, prompt length and SLO (bakeoff.stages.serve_capacity).
 CAPACITY_COLUMNS = [
     "schema_version", "experiment", "model", "engine", "format", "hardware", "node_id", "prompt_len", "output_len",
-    "slo", "slo_ttft_ms", "slo_tpot_ms",
+    "slo", "slo_ttft_ms", "slo_tpot_ms", "capacity_verdict_rule",
     "capacity_concurrency", "concurrency_converged", "concurrency_at_limit", "concurrency_limit", "concurrency_probes",
     "binding_concurrency",
     "concurrency_seeded", "concurrency_uncertain", "concurrency_recheck",
