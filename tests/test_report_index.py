@@ -147,7 +147,7 @@ def test_slo_leaders_rank_by_capacity_and_give_no_verdict_on_an_open_search() ->
     assert leads["server"].verdict == "beyond the search's resolution"
     assert leads["interactive"].verdict.startswith("within the search's resolution")
     cpu = leads["cpu"].verdict
-    assert cpu.startswith("no verdict: a search stopped at its probe limit") and "llamacpp-q4" in cpu
+    assert cpu.startswith("no verdict: a search stopped at a limit") and "llamacpp-q4: its probe budget" in cpu
     # a variant with capacity 0 sits on the frontier at 0 tok/s, not at some other cell's throughput
     rows = [_row("llamacpp-q4", 1, 76.0, 0, kl="0.04"), _row("llamacpp-f16", 1, 100.0, 0, kl="0")]
     pts = {p.variant: p for p in frontier(rows, [_cap("llamacpp-q4", "cpu", 0), _cap("llamacpp-f16", "cpu", 4, tput="230")])}
