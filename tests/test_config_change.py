@@ -42,6 +42,30 @@ def test_the_summary_refuses_variants_of_another_config_and_names_them(tmp_path:
     assert "llamacpp-q4_k_m (made under no recorded config" in msg and "llamacpp-f16" not in msg
 
 
+def test_a_record_served_under_an_earlier_config_is_summarized_only_under_its_one_hash(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`--config served_config_hash=<hash>` (a GPU node's record made by an earlier bakeoff, re-made into pages):
+    the summary takes rows of that one hash as they are, still refuses any other, and the entry is no override."""
+    from bakeoff.cli import main
+    from bakeoff.composition.sweep import SERVED_KEY
+
+    old, older = _index(tmp_path / "f16", "f16", "old"), _index(tmp_path / "q8_0", "q8_0", "older")
+    out = tmp_path / "summary.csv"
+
+    def summary(*args: str) -> str:
+        rc = main(["summary", *args, "--config-hash", "new", "--out", str(out)])
+        return capsys.readouterr().err if rc else ""
+
+    assert "served_config_hash=<hash>" in summary(str(old))
+    assert summary(str(old), "--served-config-hash", "old") == ""
+    assert [r["config_hash"] for r in csv.DictReader(out.open())] == ["old"]
+    mixed = summary(str(old), str(older), "--served-config-hash", "old")
+    assert "llamacpp-q8_0 (made under older" in mixed and "llamacpp-f16" not in mixed
+    assert "llamacpp-f16 (made under old," in summary(str(old), "--served-config-hash", "older")
+    plain = points_from_snakemake({"experiment": "smoke"})[0]
+    assert points_from_snakemake({"experiment": "smoke", SERVED_KEY: "old"})[0].hash == plain.hash
+
+
 def test_a_fresh_working_directory_plans_every_variant_with_its_spec(tmp_path: Path) -> None:
     """No .snakemake/ yet (a fresh clone): every serving job's spec exists before Snakemake lists its folder.
 

@@ -19,7 +19,7 @@ from bakeoff.engines import ServerSpec
 from bakeoff.errors import BakeoffError
 from bakeoff.layout import cell_name, is_cell_stem
 from bakeoff.models.manifest import verify, write_manifest
-from bakeoff.stages.node import COLLECT, NODE_SH, collect, pack, unpack
+from bakeoff.stages.node import COLLECT, NODE_SH, collect, correct_unpacked, pack, unpack
 
 from conftest import planned_jobs, snakemake
 
@@ -106,6 +106,68 @@ def test_unpack_refuses_paths_outside_node_results(tmp_path: Path):
     with pytest.raises(BakeoffError, match="not a node result path"):
         unpack(bad, tmp_path / "here")
     assert "Snakefile" not in COLLECT
+
+
+def _rows(root: Path) -> list[tuple[str, dict]]:
+    """Every row (cell, capacity result, probe) and variant in the unpacked serving results, with its file."""
+    out = []
+    for p in sorted((root / "results/raw").rglob("*.json")):
+        data = json.loads(p.read_text())
+        rel = p.relative_to(root).as_posix()
+        if "cell" in data:
+            out.append((rel, data))
+        out += [(rel, r) for key in ("cells", "capacity", "probes") for r in data.get(key, [])]
+        if isinstance(data.get("variant"), dict):
+            out.append((rel, data["variant"]))
+    return out
+
+
+def test_unpack_names_the_nodes_gpu_where_the_run_config_named_another(tmp_path: Path):
+    """The H100 record ran under the h200 config: unpacked, its rows and the doctor's record name the H100, so
+    the summary and the pages made from them do; nothing measured changes, and the node's mtimes stay."""
+    tarball = ROOT / "runs/h100-seed-2026-12-06/node-results.tgz"
+    raw, fixed = tmp_path / "raw", tmp_path / "fixed"
+    unpack(tarball, raw, correct=False)
+    names = unpack(tarball, fixed)
+    before, after = _rows(raw), _rows(fixed)
+    assert len(after) == len(before) > 100 and {r["hardware"] for _, r in before} == {"h200"}
+    assert {r["hardware"] for _, r in after} == {"h100"}
+    rows = [r for _, r in after if "cell" in r]
+    assert len(rows) > 60 and all(
+        (r["gpu_name"], r["gpu_count"], r["gpu_memory_bytes"]) == ("NVIDIA H100 80GB HBM3", 1, 85520809984) for r in rows)
+    for (f, old), (g, new) in zip(before, after, strict=True):
+        assert f == g and {k: v for k, v in new.items() if k not in ("hardware", "gpu_name", "gpu_count",
+                                                                     "gpu_memory_bytes")} == {
+            k: v for k, v in old.items() if k != "hardware"}, f
+    hw = json.loads((fixed / "results/hardware.json").read_text())
+    assert hw["hardware_config"]["name"] == "h100" and hw["hardware_config_as_run"]["name"] == "h200"
+    assert "NVIDIA H200" in hw["hardware_config_note"] and "bakeoff node unpack" in hw["hardware_config_note"]
+    assert hw["gpus"] == json.loads((raw / "results/hardware.json").read_text())["gpus"]
+    with tarfile.open(tarball) as tar:
+        mtimes = {m.name: m.mtime for m in tar.getmembers() if m.isfile()}
+    assert all(abs((fixed / n).stat().st_mtime - mtimes[n]) < 1e-3 for n in names)
+    untouched = [n for n in names if not n.endswith(".json")]
+    assert untouched and all((fixed / n).read_bytes() == (raw / n).read_bytes() for n in untouched)
+    assert correct_unpacked(fixed) is None  # once corrected, the config describes the node
+
+
+def test_unpack_leaves_a_run_whose_config_named_its_gpu_as_the_node_wrote_it(tmp_path: Path):
+    tarball = ROOT / "runs/h200-llamacpp-blocks-2026-12-04/node-results.tgz"
+    names = unpack(tarball, tmp_path / "here")
+    with tarfile.open(tarball) as tar:
+        for n in names:
+            if n.endswith(".json"):
+                assert (tmp_path / "here" / n).read_bytes() == tar.extractfile(n).read(), n
+
+
+def test_the_unpack_command_says_what_it_corrected(tmp_path: Path, capsys: pytest.CaptureFixture[str]):
+    from bakeoff.cli import main
+
+    main(["node", "unpack", str(ROOT / "runs/h100-seed-p1024-2026-12-06/node-results.tgz"), "--repo", str(tmp_path)])
+    out = capsys.readouterr().out
+    assert "the run's hardware config (h200) does not describe the node" in out and "hardware=h100" in out
+    assert "hardware=auto" in out
+    assert {r["hardware"] for _, r in _rows(tmp_path)} == {"h100"}
 
 
 def test_node_target_plans_only_node_jobs():

@@ -9,9 +9,12 @@ verdict the intervals do not show.
 
 from __future__ import annotations
 
+import csv
+import html
 import json
 import re
 import shutil
+from html.parser import HTMLParser
 from pathlib import Path
 
 import pytest
@@ -19,7 +22,7 @@ import pytest
 from bakeoff.stages.node import record
 from bakeoff.stages.node_readme import BEGIN, END, parse_call_log, section_of
 
-from conftest import ROOT
+from conftest import ROOT, snakemake
 
 RECORDS = sorted(p.parent for p in (ROOT / "runs").glob("*/node-results.tgz"))
 H100 = ["h100-seed-2026-12-06", "h100-seed-p1024-2026-12-06"]
@@ -62,8 +65,9 @@ def test_the_h100_records_name_the_h100_and_keep_the_config_they_ran_with() -> N
         cells = (run / "cells.csv").read_text().splitlines()
         assert cells[0].startswith("hardware,gpu_name,gpu_count,gpu_memory_bytes,")
         assert all(line.startswith("h100,NVIDIA H100 80GB HBM3,1,85520809984,") for line in cells[1:]), name
-    summary = (ROOT / "runs/h100-seed-2026-12-06/summary.csv").read_text()
-    assert ",h200," not in summary and summary.count(",h100,NVIDIA H100 80GB HBM3,1,") == 30
+    rows = list(csv.DictReader((ROOT / "runs/h100-seed-2026-12-06/summary.csv").open()))
+    assert len(rows) == 30 and {(r["hardware"], r["gpu_name"], r["gpu_count"]) for r in rows} == {
+        ("h100", "NVIDIA H100 80GB HBM3", "1")}
 
 
 def test_the_call_history_is_the_logs() -> None:
@@ -89,3 +93,110 @@ def test_the_prose_claims_no_verdict_and_no_number_without_a_file(name: str) -> 
                   r"waited \d+ minutes", r"ran both blocks"):
         assert not re.search(claim, prose, re.I), (name, claim)
     assert len(prose.split()) < 700  # short: the numbers are in the generated section
+
+
+class _Tables(HTMLParser):
+    """Every table of a page as its header and rows of cell text, and every answer row's attributes and cells."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.tables: list[tuple[list[str], list[list[str]]]] = []
+        self.leads: list[tuple[dict[str, str], list[str]]] = []
+        self._cell: list[str] | None = None
+        self._row: list[str] | None = None
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        if tag == "table":
+            self.tables.append(([], []))
+        elif tag == "tr":
+            self._row = []
+            if ("class", "lead") in attrs:
+                self.leads.append(({k: v or "" for k, v in attrs}, self._row))
+        elif tag in ("td", "th"):
+            self._cell = []
+
+    def handle_endtag(self, tag: str) -> None:
+        if tag in ("td", "th") and self._cell is not None and self._row is not None:
+            self._row.append("".join(self._cell).strip())
+            self._cell = None
+        elif tag == "tr" and self._row is not None and self.tables:
+            head, body = self.tables[-1]
+            (body if head else head).extend([self._row] if head else self._row)
+            self._row = None
+
+    def handle_data(self, data: str) -> None:
+        if self._cell is not None:
+            self._cell.append(data)
+
+
+def _page(path: Path) -> tuple[_Tables, str]:
+    """The page's tables, and its text without tags or embedded images (base64 could spell any word)."""
+    page = path.read_text()
+    parsed = _Tables()
+    parsed.feed(page)
+    text = html.unescape(re.sub(r"<[^>]+>", " ", re.sub(r"data:image/[a-z]+;base64,[A-Za-z0-9+/=]+", "", page)))
+    return parsed, text
+
+
+def _c1_verdict(parsed: _Tables) -> str:
+    c1 = [cells for attrs, cells in parsed.leads if attrs.get("data-prompt") == "128" and attrs.get("data-load") == "c=1"]
+    assert len(c1) == 1, c1
+    attrs = next(a for a, cells in parsed.leads if cells is c1[0])
+    assert {attrs["data-leader"], attrs["data-runner"]} == {"vllm-fp8-online", "llamacpp-q4_k_m"}, attrs
+    return c1[0][-1]
+
+
+def test_the_h100_answer_page_names_the_h100_and_claims_no_verdict_the_blocks_do_not_show() -> None:
+    """The record's page, re-made from its tarball (docs/node-route-vllm.md, Back here): every row and capacity names
+    the H100; at c=1 (prompt 128) vLLM fp8-online against llama.cpp q4_k_m is no verdict or different, and nothing
+    calls a margin noise or a tie."""
+    parsed, text = _page(ROOT / "runs/h100-seed-2026-12-06/report.html")
+    hardware = [row[head.index("hardware")] for head, body in parsed.tables if "hardware" in head for row in body]
+    assert len(hardware) == 33 and set(hardware) == {"h100"}  # 30 rows, 3 capacities
+    rows = next((head, body) for head, body in parsed.tables if "gpu_name" in head)
+    assert {r[rows[0].index("gpu_name")] for r in rows[1]} == {"NVIDIA H100 80GB HBM3"}
+    assert re.match(r"(no verdict|different)\b", _c1_verdict(parsed)), _c1_verdict(parsed)
+    assert not re.search("within the " + "noise", text, re.I) and not re.search(r"\bt" + r"ie\b", text, re.I)
+
+
+def test_the_p1024_record_has_no_answer_page() -> None:
+    """Its README names no page: the record was never run through the summary and the report."""
+    run = ROOT / "runs/h100-seed-p1024-2026-12-06"
+    assert not (run / "report.html").exists() and not (run / "summary.csv").exists()
+
+
+def _entries(run: Path) -> list[str]:
+    """The run's `snakemake --config` entries, as its first call's log has them (the overrides entry holds spaces)."""
+    log = (run / "call1-snakemake.log").read_text()
+    m = re.search(r"--config (experiment=\S+) (overrides=.*)$", log, re.M)
+    assert m, "no --config entries in call1-snakemake.log"
+    return [m.group(1), m.group(2)]
+
+
+@pytest.mark.slow
+def test_the_back_here_commands_remake_the_h100_page(tmp_path: Path) -> None:
+    """docs/node-route-vllm.md's commands back here, on a CPU-only machine and the record's own files: unpack,
+    `--touch node`, then the summary and the pages; the run's config entries with hardware=auto and the hash its
+    cells were served under. Nothing is served, and the page is the committed one's answer."""
+    import tarfile
+
+    from bakeoff.cli import main
+
+    run = ROOT / "runs/h100-seed-2026-12-06"
+    work = tmp_path / "work"
+    work.mkdir()
+    for name in ("Snakefile", "workflow", "conf", "data", "envs"):
+        (work / name).symlink_to(ROOT / name)
+    assert main(["node", "unpack", str(run / "node-results.tgz"), "--repo", str(work)]) == 0
+    with tarfile.open(run / "node-results.tgz") as tar:
+        served = {json.load(tar.extractfile(m))["config_hash"] for m in tar.getmembers() if m.name.endswith("/cells.json")}
+    assert len(served) == 1
+    config = ["--config", *_entries(run), "hardware=auto", f"served_config_hash={served.pop()}"]
+    snakemake("--touch", "--cores", "1", "node", *config, cwd=work)
+    made = snakemake("--cores", "2", "results/report/index.html", *config, cwd=work).stderr
+    assert "rule serve_" not in made and "rule doctor" not in made, made[-3000:]
+    parsed, text = _page(work / "results/report/index.html")
+    committed, _ = _page(run / "report.html")
+    assert _c1_verdict(parsed) == _c1_verdict(committed)
+    assert [cells for _, cells in parsed.leads] == [cells for _, cells in committed.leads]
+    assert {r["hardware"] for r in csv.DictReader((work / "results/summary.csv").open())} == {"h100"}

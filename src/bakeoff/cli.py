@@ -45,6 +45,8 @@ def _cmd_summary(a: argparse.Namespace) -> None:
     points = json.loads(Path(a.points).read_text()) if a.points else {}
     expected = ({name: p["config_hash"] for name, p in points.items()} if points else
                 {json.loads(Path(p).read_text())["variant"]["experiment"]: a.config_hash for p in a.indexes})
+    if a.served_config_hash:  # a record served under an earlier config: its rows as they are, still one config
+        expected = dict.fromkeys(expected, a.served_config_hash)
     records = rows([Path(p) for p in a.indexes], expected)
     columns = list(COLUMNS)
     if a.kernel:  # llama-bench beside the served rows (bakeoff.stages.kernel_bench)
@@ -108,8 +110,13 @@ def _cmd_node(a: argparse.Namespace) -> None:
         names = node.collect(Path(a.repo), Path(a.out))
         print(f"{len(names)} node results in {a.out}")
     else:
-        names = node.unpack(Path(a.tarball), Path(a.repo))
-        print(f"{len(names)} node results unpacked under {a.repo}; next: snakemake --touch node --config ...")
+        names = node.unpack(Path(a.tarball), Path(a.repo), correct=False)
+        print(f"{len(names)} node results unpacked under {a.repo}")
+        if fix := node.correct_unpacked(Path(a.repo)):
+            print(f"the run's hardware config ({fix['as_run']['name']}) does not describe the node "
+                  f"({'; '.join(fix['mismatches'])}): rows and results/hardware.json now name hardware={fix['name']}, "
+                  "the run's config kept as hardware_config_as_run")
+        print("next: snakemake --touch node --config ... hardware=auto")
 
 
 def _pack_vllm(a: argparse.Namespace) -> None:
@@ -442,6 +449,9 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--out", default="results/summary.csv")
     m.add_argument("--capacity-out", help="also write results/capacity.csv (the variants' capacity searches)")
     m.add_argument("--config-hash", default="")
+    m.add_argument("--served-config-hash", default="",
+                   help="the one config hash the rows were served under, where it is not the current config's (a "
+                        "GPU node's record made by an earlier bakeoff); rows of any other hash are still refused")
     m.add_argument("--points", help="results/config.json (sweep points, bakeoff.composition.sweep.points_json): "
                    "adds axis/roofline columns")
     m.add_argument("--published", help="published numbers YAML: adds measured/published ratio columns")

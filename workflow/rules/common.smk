@@ -11,7 +11,7 @@ from bakeoff.engines import get_engine
 from bakeoff.errors import ConfigError
 from bakeoff.layout import spec_path, toolchain_id
 from bakeoff.loadgen.blocks import previous, schedule, slot_of
-from bakeoff.composition.sweep import points_from_snakemake
+from bakeoff.composition.sweep import SERVED_KEY, points_from_snakemake
 from bakeoff.composition.walltime import serve_minutes
 
 # One point per sweep combination (--config sweep="a=1,2"); one point without a sweep.
@@ -26,12 +26,20 @@ CFG = next(iter(POINTS.values())).cfg  # the build side (model, formats, toolcha
 
 # Before the first job of a real run (never for a plan, -n): what on this machine stops an engine from serving as
 # configured, e.g. a CUDA config whose vLLM interpreter has a CPU-only torch (bakeoff.composition.compose.run_problems).
+# Not asked where nothing the engines need would run: --touch, or only the bookkeeping that reads results (the
+# submit host's share over a GPU node's results, bakeoff.stages.node; the Snakefile's localrules), where no engine
+# is installed. Any other rule, the doctor first, asks.
+BOOKKEEPING_RULES = {"all", "points", "summary", "check_baselines", "samples", "versions", "plots", "pages",
+                     "dvc_metrics", "track"}
+
+
 onstart:
     from snakemake_interface_executor_plugins.settings import DeploymentMethod
     from bakeoff.composition.compose import run_problems
 
+    _asks = not workflow.touch and any(j.rule.name not in BOOKKEEPING_RULES for j in workflow.dag.needrun_jobs())
     _conda = DeploymentMethod.CONDA in (workflow.deployment_settings.deployment_method or ())
-    _problems = sorted({p for point in POINTS.values() for p in run_problems(point.cfg, conda=_conda)})
+    _problems = sorted({p for point in POINTS.values() for p in run_problems(point.cfg, conda=_conda)} if _asks else ())
     if _problems:
         raise WorkflowError("bakeoff: nothing has run:\n" + "\n".join(f"  {p}" for p in _problems))
 CONFIG_HASH = config_hash(CFG)

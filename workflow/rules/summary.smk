@@ -18,12 +18,14 @@ rule summary:
         capacity=CAPACITY_TABLE,
     params:
         config_hash=CONFIG_HASH,
+        # --config served_config_hash=<hash>: a node record served under an earlier config (docs/node-route-vllm.md)
+        served=f"--served-config-hash {config[SERVED_KEY]}" if config.get(SERVED_KEY) else "",
     log:
         "logs/results/summary.log",
     conda:
         "../../envs/bakeoff.yaml"
     shell:
-        "bakeoff summary {input.cells} --config-hash {params.config_hash} --points {input.points}"
+        "bakeoff summary {input.cells} --config-hash {params.config_hash} {params.served} --points {input.points}"
         " --published {input.published} --hardware {input.hardware} --kernel {input.kernel} --out {output.summary}"
         " --capacity-out {output.capacity} > {log} 2>&1"
 

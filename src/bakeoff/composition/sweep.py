@@ -39,6 +39,9 @@ from bakeoff.errors import ConfigError
 # Keys of `snakemake --config` that are not Hydra overrides.
 SWEEP_KEY = "sweep"
 COMPOSED_KEY = "composed"
+# The config hash a GPU node's results were served under, where it is not the current config's (a record made by
+# an earlier bakeoff): the summary takes their rows as they are (bakeoff.stages.summary.check_one_config).
+SERVED_KEY = "served_config_hash"
 
 
 @dataclass(frozen=True)
@@ -110,6 +113,7 @@ def _swept_keys(combos: list[list[str]]) -> set[str]:
 def points_from_snakemake(smk_config: Mapping[str, Any], conf_dir: Path | None = None) -> list[Point]:
     """Every sweep point of this Snakemake invocation (one point when nothing is swept)."""
     smk = dict(smk_config)
+    smk.pop(SERVED_KEY, None)  # read by the summary rule alone
     sweep = smk.pop(SWEEP_KEY, None)
     composed = smk.pop(COMPOSED_KEY, None)
     if composed is not None:

@@ -38,6 +38,7 @@ from __future__ import annotations
 import fnmatch
 import io
 import json
+import os
 import shutil
 import subprocess
 import tarfile
@@ -252,8 +253,12 @@ def collect(root: Path, out: Path) -> list[str]:
     return names
 
 
-def unpack(tarball: Path, root: Path) -> list[str]:
-    """Extract node results under ``root`` (only :data:`COLLECT` paths), keeping the node's mtimes."""
+def unpack(tarball: Path, root: Path, *, correct: bool = True) -> list[str]:
+    """Extract node results under ``root`` (only :data:`COLLECT` paths), keeping the node's mtimes.
+
+    ``correct``: where the doctor's findings show the run's config naming another GPU than the node's, the
+    unpacked rows and the doctor's record name the node's (:func:`correct_unpacked`), so the summary and the
+    pages made from them do too. ``record`` reads the tarball as the node wrote it (``correct=False``)."""
     names = []
     with tarfile.open(tarball) as tar:
         members = []
@@ -265,6 +270,8 @@ def unpack(tarball: Path, root: Path) -> list[str]:
             members.append(m)
             names.append(m.name)
         tar.extractall(root, members=members, filter="data")
+    if correct:
+        correct_unpacked(root)
     return names
 
 
@@ -356,6 +363,67 @@ def _correct_table(path: Path, rec: dict, fix: dict | None) -> None:
             w.writerow(_correct_row(r, rec, fix))
 
 
+def corrected_record(rec: dict, fix: dict, by: str) -> dict:
+    """The doctor's record with the config ``hardware=auto`` picks as ``hardware_config``, the run's kept as
+    ``hardware_config_as_run`` and a note saying how it differs from the node (``by``: the command that
+    corrected it)."""
+    return {**rec, "hardware_config": fix["config"], "hardware_config_as_run": fix["as_run"],
+            "hardware_config_note": f"the run's config ({fix['as_run']['name']}) does not describe this node: "
+            f"{'; '.join(fix['mismatches'])}. hardware_config is the config hardware=auto picks from gpus "
+            f"({by})"}
+
+
+# Where the serving stage's JSON files hold rows (a cell or probe each): the file itself (a cell), or these lists.
+ROW_LISTS = ["cells", "capacity", "probes"]
+
+
+def _correct_result(data: object, rec: dict, fix: dict) -> object:
+    """A serving-stage JSON file's rows corrected (:func:`_correct_row`), and its ``variant``'s ``hardware``."""
+    if not isinstance(data, dict):
+        return data
+    if "hardware" in data and "cell" in data:
+        return _correct_row(data, rec, fix)
+    out = dict(data)
+    for key in ROW_LISTS:
+        if isinstance(out.get(key), list):
+            out[key] = [_correct_row(r, rec, fix) if isinstance(r, dict) and "hardware" in r else r for r in out[key]]
+    variant = out.get("variant")
+    if isinstance(variant, dict) and variant.get("hardware") == fix["as_run"]["name"]:
+        out["variant"] = {**variant, "hardware": fix["name"]}
+    return out
+
+
+def correct_unpacked(root: Path) -> dict | None:
+    """Correct unpacked node results in place where the run's hardware config does not describe the node.
+
+    Why: the summary and the pages take each row's ``hardware`` from the cells the node wrote, and the
+    roofline and the environment page take the doctor's record's ``hardware_config``; a run made under another
+    GPU's config (an H200 config on an H100) would name the wrong GPU on every page. As ``record`` does for a
+    record's tables, rows name the config ``hardware=auto`` picks from the doctor's findings and gain
+    ``gpu_name``, ``gpu_count``, ``gpu_memory_bytes``; ``results/hardware.json`` keeps the run's config as
+    ``hardware_config_as_run`` (:func:`corrected_record`). Measured values are left as they are, and each
+    rewritten file keeps its mtime (the node's). Returns the correction (None: nothing to correct, also once
+    corrected).
+    """
+    from bakeoff.layout import HARDWARE
+
+    path = root / HARDWARE
+    if not path.is_file():
+        return None
+    rec = json.loads(path.read_text())
+    fix = hardware_correction(rec)
+    if fix is None:
+        return None
+    for p in [*sorted((root / "results/raw").rglob("*.json")), path]:
+        data = json.loads(p.read_text())
+        new = corrected_record(rec, fix, "bakeoff node unpack") if p == path else _correct_result(data, rec, fix)
+        if new != data:
+            st = p.stat()
+            p.write_text(json.dumps(new, indent=2) + "\n")
+            os.utime(p, ns=(st.st_atime_ns, st.st_mtime_ns))
+    return fix
+
+
 def record(tarball: Path, out: Path, log_lines: int = 3) -> dict[str, Path]:
     """Derive a run record from a node's results tarball: every cell, every kernel benchmark, log ends, and the
     README's numbers.
@@ -375,7 +443,7 @@ def record(tarball: Path, out: Path, log_lines: int = 3) -> dict[str, Path]:
     out.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
-        unpack(tarball, root)
+        unpack(tarball, root, correct=False)
         rec = json.loads((root / "results/hardware.json").read_text())
         fix = hardware_correction(rec)
         cells = [_correct_row(json.loads(p.read_text()), rec, fix)
@@ -398,11 +466,7 @@ def record(tarball: Path, out: Path, log_lines: int = 3) -> dict[str, Path]:
         if fix is None:
             shutil.copy2(root / "results/hardware.json", out / "hardware.json")
         else:
-            fixed = {**rec, "hardware_config": fix["config"], "hardware_config_as_run": fix["as_run"],
-                     "hardware_config_note": f"the run's config ({fix['as_run']['name']}) does not describe this node: "
-                     f"{'; '.join(fix['mismatches'])}. hardware_config is the config hardware=auto picks from gpus "
-                     "(bakeoff node record)"}
-            (out / "hardware.json").write_text(json.dumps(fixed, indent=2) + "\n")
+            (out / "hardware.json").write_text(json.dumps(corrected_record(rec, fix, "bakeoff node record"), indent=2) + "\n")
         for m in root.glob("build/llamacpp/*-cuda*/manifest.json"):
             shutil.copy2(m, out / "build-manifest.json")
         for name in PIPELINE_TABLES:

@@ -91,7 +91,8 @@ def check_one_config(indexes: list[tuple[Path, dict[str, Any]]], expected: Mappi
         raise BakeoffError("the summary would mix rows of two configurations; stale variants: " + "; ".join(
             f"experiment {e} (config {expected[e]}): {', '.join(vs)}" for e, vs in sorted(stale.items()))
             + ". Re-run their serving jobs (snakemake re-runs them when its config changes; "
-              "`--forcerun serve_load` forces it).")
+              "`--forcerun serve_load` forces it); for a GPU node's record served under an earlier config, "
+              "name its one hash with `--config served_config_hash=<hash>`.")
 
 
 def rows(index_paths: list[Path], expected: Mapping[str, str]) -> list[dict[str, Any]]:
