@@ -149,7 +149,7 @@ def _c1_verdict(parsed: _Tables) -> str:
 def test_the_h100_answer_page_names_the_h100_and_claims_no_verdict_the_blocks_do_not_show() -> None:
     """The record's page, re-made from its tarball (docs/node-route-vllm.md, Back here): every row and capacity names
     the H100; at c=1 (prompt 128) vLLM fp8-online against llama.cpp q4_k_m is no verdict or different, and nothing
-    calls a margin noise or a tie."""
+    claims sameness without equivalence."""
     parsed, text = _page(ROOT / "runs/h100-seed-2026-12-06/report.html")
     hardware = [row[head.index("hardware")] for head, body in parsed.tables if "hardware" in head for row in body]
     assert len(hardware) == 33 and set(hardware) == {"h100"}  # 30 rows, 3 capacities
