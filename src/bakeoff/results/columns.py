@@ -324,7 +324,7 @@ WORKLOAD = _mixed(
          "plus the new text) during the cell (multiturn).", "bakeoff.loadgen.runner"),
         ("prefix_caching", "", "What the engine's `prefix_caching` setting asked: `on`, `off`, or `engine "
          "default` (vLLM: on; llama.cpp: its slot's own prompt reuse, no host cache as conf/engine sets it).",
-         "bakeoff.engines.base"),
+         "bakeoff.stages.measure_cell"),
         ("prefix_cache_hits", TOKENS, "Prompt tokens the server reused from its prefix cache over the measured "
          "window (vLLM `prefix_cache_hits`, llama.cpp `prompt_tokens_cached`).", "bakeoff.loadgen.prefix_cache"),
         ("prefix_cache_queries", TOKENS, "Prompt tokens the server looked up in it (vLLM `prefix_cache_queries`, 0 "
