@@ -30,7 +30,8 @@ H100 = ["h100-seed-2026-12-06", "h100-seed-p1024-2026-12-06"]
 
 def _rederive(run: Path, dest: Path) -> dict[str, Path]:
     dest.mkdir()
-    for p in [*run.glob("call*-snakemake.log"), *run.glob("summary.csv"), *run.glob("capacity.csv")]:
+    for p in [*run.glob("call*-snakemake.log"), *run.glob("summary.csv"), *run.glob("capacity.csv"),
+              *run.glob("client_check.json")]:
         shutil.copy2(p, dest / p.name)
     if (run / "logs").is_dir():
         shutil.copytree(run / "logs", dest / "logs")
@@ -200,3 +201,12 @@ def test_the_back_here_commands_remake_the_h100_page(tmp_path: Path) -> None:
     assert _c1_verdict(parsed) == _c1_verdict(committed)
     assert [cells for _, cells in parsed.leads] == [cells for _, cells in committed.leads]
     assert {r["hardware"] for r in csv.DictReader((work / "results/summary.csv").open())} == {"h100"}
+
+
+def test_the_capacity_record_brackets_fp8_and_its_client_check_flags_every_disagreement() -> None:
+    """runs/h100-capacity-2026-12-06: an unfinished search is said as its probes' bracket, never as a capacity;
+    wherever the 1-worker client disagreed with the 4-worker one by more than 3 %, it was flagged."""
+    section = section_of((ROOT / "runs" / "h100-capacity-2026-12-06" / "README.md").read_text()) or ""
+    assert "vllm-fp8-online: highest pass c=192, lowest fail c=193 (adjacent); not re-checked." in section
+    assert "### Capacity\n" not in section  # no capacity.json: no capacity row claimed
+    assert "c=256: 1 worker against 4" in section and "NOT flagged" not in section

@@ -482,7 +482,13 @@ def record(tarball: Path, out: Path, log_lines: int = 3) -> dict[str, Path]:
             found = json.loads(p.read_text())
             capacity += [_correct_row(r, rec, fix) for r in found.get("capacity", [])]
             probes += found.get("probes", [])
-        section = node_readme.generated(rec, fix, cells, capacity, probes, node_readme.read_calls(out))
+        # Probes of a search that never wrote its capacity.json (the call's time ran out mid-search).
+        unfinished = [json.loads(p.read_text()) for d in sorted(root.glob("results/raw/*/*/*/"))
+                      if not (d / "capacity.json").exists() for p in sorted(d.glob("cap-*.json"))]
+        client_check = json.loads((out / "client_check.json").read_text()) if (out / "client_check.json").is_file() \
+            else None
+        section = node_readme.generated(rec, fix, cells, capacity, probes, node_readme.read_calls(out),
+                                        unfinished, client_check)
         node_readme.write_readme(out / "README.md", section, out.name)
     return {n: out / n for n in ("cells.csv", "kernel.csv", "server-log-ends.txt", "hardware.json", "table.md",
                                  "README.md")}

@@ -321,17 +321,88 @@ def capacity_section(capacity: Sequence[Mapping[str, Any]], probes: Sequence[Map
     return out + [""]
 
 
+def unfinished_section(probes: Sequence[Mapping[str, Any]]) -> list[str]:
+    """Probes of a search that wrote no ``capacity.json`` (its call ran out of time): each probe from its own
+    file, and what they bracket, said as no more than that (the search's boundary re-check did not run)."""
+    if not probes:
+        return []
+    out = ["### Capacity probes of an unfinished search", "",
+           "The search wrote no `capacity.json`: its call's time ran out. Each probe from its own file "
+           "(`cap-*.json`), in order of start; the boundary re-check had not run.", "",
+           "| variant | SLO | probe | requests sent / planned | passed | exceeded | p99 TTFT ms | p99 TPOT ms | "
+           "output tok/s | client workers | worst lag p99 ms | worst schedule delay p99 ms | client saturated |",
+           "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    ordered = sorted(probes, key=lambda q: float(q.get("started_utc") or 0))
+    for q in ordered:
+        out.append(f"| {variant(q)} | {q.get('slo')} | c={q.get('concurrency')} | {q.get('num_requests')} / "
+                   f"{q.get('requests')} | {'yes' if q.get('probe_passed') else 'no'} | {q.get('probe_exceeded') or ''} | "
+                   f"{_f(q.get('p99_ttft_ms'))} | {_f(q.get('p99_tpot_ms'))} | {_f(q.get('output_throughput'), '.0f')} | "
+                   f"{q.get('client_workers', '')} | {_f(q.get('client_loop_lag_p99_ms'))} | "
+                   f"{_f(q.get('client_schedule_delay_p99_ms'))} | {'yes' if q.get('client_saturated') else 'no'} |")
+    for v in sorted({variant(q) for q in ordered}):
+        mine = [q for q in ordered if variant(q) == v]
+        passed = [int(q["concurrency"]) for q in mine if q.get("probe_passed")]
+        failed = [int(q["concurrency"]) for q in mine if not q.get("probe_passed")]
+        low_fail = min(failed, default=None)
+        high_pass = max([c for c in passed if low_fail is None or c < low_fail], default=None)
+        if high_pass is not None and low_fail is not None:
+            adj = "adjacent" if low_fail - high_pass == 1 else f"{low_fail - high_pass - 1} concurrencies apart"
+            out.append(f"- {v}: highest pass c={high_pass}, lowest fail c={low_fail} ({adj}); not re-checked.")
+        else:
+            out.append(f"- {v}: passes {passed}, fails {failed}: no bracket.")
+    return out + [""]
+
+
+def client_check_section(check: Mapping[str, Any] | None) -> list[str]:
+    """The client check (``client_check.json`` of benchmarks/client_vs_vllm_bench.py): every run, in the order
+    run, and the issue's two rules evaluated on them: where the 1-worker cell is not flagged it agrees with the
+    4-worker one within 3 % in output tok/s and p99 TPOT; where they differ by more, the 1-worker cell is flagged."""
+    if not check:
+        return []
+    runs = check.get("runs", {})
+    out = ["### Client check", "",
+           "`client_check.json` (benchmarks/client_vs_vllm_bench.py on one vLLM server; one round per concurrency, "
+           "the clients in rotating order). CPU-s per 1k tokens is the benchmark process's and its finished "
+           "children's (worker processes' start-up included).", "",
+           "| c | client | position | output tok/s | median TTFT ms | median TPOT ms | p99 TPOT ms | CPU-s / 1k tok | "
+           "worst worker CPU share | worst lag p99 ms | worst schedule delay p99 ms | flagged |",
+           "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    rows = sorted(((r["concurrency"], who, r) for who, rs in runs.items() for r in rs), key=lambda t: (t[0], t[1]))
+    for c, who, r in rows:
+        flagged = "" if who == "vllm_bench" else ("yes" if r.get("client_saturated") else "no")
+        out.append(f"| {c} | {who} | {r.get('position')} | {_f(r.get('output_throughput'), '.0f')} | "
+                   f"{_f(r.get('median_ttft_ms'))} | {_f(r.get('median_tpot_ms'), '.2f')} | "
+                   f"{_f(r.get('p99_tpot_ms'), '.2f')} | {_f(r.get('cpu_s_per_1k_tokens'), '.3f')} | "
+                   f"{_f(r.get('client_cpu_share'), '.2f')} | {_f(r.get('client_loop_lag_p99_ms'))} | "
+                   f"{_f(r.get('client_schedule_delay_p99_ms'))} | {flagged} |")
+    one = {r["concurrency"]: r for r in runs.get("bakeoff:1", [])}
+    four = {r["concurrency"]: r for r in runs.get("bakeoff:4", [])}
+    out.append("")
+    for c in sorted(set(one) & set(four)):
+        a, b = one[c], four[c]
+        d_tok = 100 * (a["output_throughput"] / b["output_throughput"] - 1)
+        d_p99 = 100 * (a["p99_tpot_ms"] / b["p99_tpot_ms"] - 1)
+        differ = abs(d_tok) > 3 or abs(d_p99) > 3
+        verdict = ("differ by more than 3 %, and the 1-worker cell is flagged" if differ and a.get("client_saturated")
+                   else "differ by more than 3 %, and the 1-worker cell is NOT flagged" if differ
+                   else "agree within 3 %" + (" (the 1-worker cell is flagged)" if a.get("client_saturated") else ""))
+        out.append(f"- c={c}: 1 worker against 4: output tok/s {d_tok:+.1f} %, p99 TPOT {d_p99:+.1f} %: {verdict}.")
+    return out + [""]
+
+
 def _f(v: Any, fmt: str = ".1f") -> str:
     return format(float(v), fmt) if v not in (None, "") else ""
 
 
 def generated(record: Mapping[str, Any], correction: Mapping[str, Any] | None, cells: Sequence[Mapping[str, Any]],
               capacity: Sequence[Mapping[str, Any]], probes: Sequence[Mapping[str, Any]],
-              calls: Sequence[Call]) -> str:
+              calls: Sequence[Call], unfinished: Sequence[Mapping[str, Any]] = (),
+              client_check: Mapping[str, Any] | None = None) -> str:
     """The README's generated section, markers included."""
     lines = [BEGIN, "", "## From the files", "",
              *hardware_section(record, correction), *calls_section(calls, cells), *throughput_section(cells),
-             *paired_section(cells), *capacity_section(capacity, probes), END]
+             *paired_section(cells), *capacity_section(capacity, probes), *unfinished_section(unfinished),
+             *client_check_section(client_check), END]
     return "\n".join(lines) + "\n"
 
 
