@@ -89,7 +89,8 @@ def test_the_closed_loop_keeps_exactly_c_in_flight_and_merges_into_one_cell(echo
     # every measured request exactly once, each with every field of a record, on one clock
     assert sorted(r.index for r in res.records) == list(range(n)) and m["completed"] == n
     assert {r.worker for r in res.records} == set(range(workers))
-    assert all(set(r.to_json()) == {f.name for f in fields(RequestRecord)} for r in res.records)
+    assert all(set(r.to_json()) == {f.name for f in fields(RequestRecord)} - {"raw"} for r in res.records)
+    assert all(r.raw is None and len(r.itl) == 15 for r in res.records)  # every stream decoded after the cell
     assert min(r.start for r in res.records) >= 0 and res.duration_s >= max(r.start + r.e2el for r in res.records)
     assert res.duration_s < 30 and m["total_output_tokens"] == 16 * n
     # between the c-th send and the (n-c+1)-th response's end, every slot holds a request: the requests in
@@ -185,3 +186,30 @@ def test_llamacpp_slots_follow_the_search_maximum_within_the_kv_memory() -> None
     # on CPU memory does not bound it
     cpu, why = LlamaCppEngine.sized_for_search({"parallel": 4, "ctx_size": 8192}, 32, 65, None, None)
     assert cpu["parallel"] == 32 and cpu["ctx_size"] == 32 * 2048 and why == "search maximum"
+
+
+def test_the_quick_read_at_a_requests_end_agrees_with_the_full_decoding_after_the_cell() -> None:
+    import orjson
+
+    from bakeoff.loadgen.client import finish_deferred, quick
+
+    def event(msg: dict) -> bytes:
+        return b"data: " + orjson.dumps(msg) + b"\n\n"
+
+    token = {"id": "c", "object": "text_completion", "choices": [{"index": 0, "text": " t", "finish_reason": None}]}
+    reads = [event(token) for _ in range(5)] + [event({"choices": [], "usage": {"prompt_tokens": 3,
+                                                                               "completion_tokens": 5}})
+                                                + b"data: [DONE]\n\n"]
+    stamps = [1.0 + 0.01 * i for i in range(len(reads))]
+    rec = RequestRecord(0, 3, 5)
+    rec.raw = (reads, stamps, 0.9)
+    quick(rec)
+    early = (rec.success, rec.ttft, rec.e2el, rec.output_tokens)
+    assert early == (True, pytest.approx(0.1), pytest.approx(0.14), 5) and rec.tpot == pytest.approx(0.01)
+    finish_deferred(rec)
+    assert rec.raw is None and (rec.success, rec.ttft, rec.e2el, rec.output_tokens) == early
+    assert rec.itl == pytest.approx([0.01] * 4) and rec.generated_text == " t" * 5
+    empty = RequestRecord(1, 3, 5)
+    empty.raw = ([event({"choices": [], "usage": {"completion_tokens": 0}})], [1.0], 0.9)
+    quick(empty)
+    assert not empty.success and empty.error == "stream ended without a token chunk"

@@ -8,11 +8,13 @@ so the server itself reports token counts. Timing follows
 chunk, even when its text is empty (a special token), TTFT is the first such chunk, each later one adds an ITL
 gap, the latency ends at the last one, and a request succeeds once one arrived.
 
-Why the stream is parsed after it ends: while it runs, the client keeps only each network read and the moment
+Why the stream is decoded after it ends: while it runs, the client keeps only each network read and the moment
 it arrived, so the work per token is one timestamp and one list append. An event is dated by the read that
 completed it (the moment its bytes were in the client's hands, as when parsed on arrival), and the events are
-decoded in one ``orjson`` call at the end. What a saturated client would distort, the read times, is measured
-exactly as before; the parsing no longer competes with them.
+decoded in one ``orjson`` call. A load worker defers even that past the measured window (``defer``): a closed
+loop's requests end in waves, and decoding a wave's streams the moment they end blocked the event loop for tens of
+milliseconds (an H100 node at c=64-256, 2026-12-06). At a request's end it reads only what an early stop needs
+(:func:`quick`: the first and last token chunk's reads, and the usage event).
 
 Connections are kept alive and reused. A server may close an idle kept-alive connection (llama-server's
 keep-alive limits) just as a request is written on it; such a request, one that got no response at all, is
@@ -21,6 +23,7 @@ sent again once on a fresh connection, and its clock starts again (``retried``):
 
 from __future__ import annotations
 
+import re
 import time
 from bisect import bisect_left
 from collections.abc import Callable
@@ -32,6 +35,8 @@ import orjson
 
 from bakeoff.loadgen.metrics import RequestRecord
 
+# Where a server-sent event carries a choice: a token chunk (a usage-only event has "choices":[]).
+TOKEN_CHUNK = re.compile(rb'"choices"\s*:\s*\[\s*\{')
 # A kept-alive connection the server closed before answering: the request never reached it.
 STALE_CONNECTION = (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError)
 
@@ -139,11 +144,13 @@ async def send(
     headers: dict[str, str] | None = None,
     count_tokens: Callable[[str], int] | None = None,
     fresh: aiohttp.ClientSession | None = None,
+    defer: bool = False,
 ) -> RequestRecord:
     """Fill ``record`` in place from one streamed completion; never raises on HTTP/stream errors.
 
     ``fresh``: a session that opens a new connection for every request, for the one retry of a request whose
-    kept-alive connection the server had closed (module docstring).
+    kept-alive connection the server had closed (module docstring). ``defer``: keep the raw stream on the
+    record and fill only what an early stop needs (:func:`quick`); :func:`finish_deferred` decodes it later.
     """
     body = orjson.dumps(payload(model, prompt, record.output_len, temperature))
     hdrs = {"Content-Type": "application/json", **(headers or {})}
@@ -163,6 +170,42 @@ async def send(
     if status != 200:
         record.error = f"HTTP {status}: {text}"
         return record
+    if defer:
+        record.raw = (reads, stamps, start)
+        quick(record)
+        return record
+    return finish(record, reads, stamps, start, count_tokens)
+
+
+def quick(record: RequestRecord) -> None:
+    """What a probe's early stop needs the moment a request ends, without decoding its stream: TTFT and latency
+    from the first and last reads that hold a token chunk, the token count from the usage event at its end.
+    :func:`finish` later decodes the whole stream (and sets the same values, to the event)."""
+    reads, stamps, start = record.raw or ([], [], 0.0)
+    marked = [i for i, r in enumerate(reads) if TOKEN_CHUNK.search(r)]
+    if not marked:
+        record.error = "stream ended without a token chunk"
+        return
+    record.ttft = stamps[marked[0]] - start
+    record.e2el = stamps[marked[-1]] - start
+    tail = b"".join(reads[-3:])
+    for line in reversed(tail.split(b"\n")):
+        if b'"completion_tokens"' in line and line.strip().startswith(b"data:"):
+            try:
+                usage = orjson.loads(line.strip()[5:]).get("usage") or {}
+            except orjson.JSONDecodeError:
+                break
+            if usage.get("completion_tokens") is not None:
+                record.output_tokens = int(usage["completion_tokens"])
+            break
+    record.success = True
+
+
+def finish(record: RequestRecord, reads: list[bytes], stamps: list[float], start: float,
+           count_tokens: Callable[[str], int] | None = None) -> RequestRecord:
+    """Decode a stream's events into ``record``: every token chunk's time, the text, the server's counts."""
+    record.raw = None
+    record.success, record.error, record.itl = False, "", []
     try:
         texts, got_usage = read_events(record, events(reads, stamps), start)
     except orjson.JSONDecodeError as e:
@@ -179,3 +222,11 @@ async def send(
         return record
     record.success = True
     return record
+
+
+def finish_deferred(record: RequestRecord) -> RequestRecord:
+    """:func:`finish` for a record sent with ``defer`` (its raw stream kept on it); others are left as they are."""
+    if record.raw is None:
+        return record
+    reads, stamps, start = record.raw
+    return finish(record, reads, stamps, start)

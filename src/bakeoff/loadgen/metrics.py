@@ -119,8 +119,14 @@ class RequestRecord:
     done: float | None = None  # when the response ended (its last byte read), on the cell's clock
     retried: bool = False
 
+    # The raw stream (reads, their arrival times, the send time) of a request whose decoding was deferred past
+    # the measured window (bakeoff.loadgen.client.finish_deferred); never written out.
+    raw: tuple[list[bytes], list[float], float] | None = field(default=None, repr=False, compare=False)
+
     def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+        out = asdict(self)
+        out.pop("raw", None)
+        return out
 
     @classmethod
     def from_json(cls, row: dict[str, Any]) -> RequestRecord:

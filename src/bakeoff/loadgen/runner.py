@@ -17,6 +17,7 @@ import numpy as np
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from bakeoff.loadgen.client import finish_deferred
 from bakeoff.loadgen.health import cell_health
 from bakeoff.loadgen.metrics import RequestRecord
 from bakeoff.loadgen.workers import Plan, Sessions, deal, run_local, run_processes, split
@@ -142,7 +143,7 @@ def run_cell(
             health = run_processes(parts, takes, on_done, on_measure_start)
         if on_measure_end is not None:
             on_measure_end()
-    sent = [r for r in records if r is not None]
+    sent = [finish_deferred(r) for r in records if r is not None]
     for r in sent:
         if r.success and r.tokens_from == "none" and count_tokens is not None:
             r.output_tokens = count_tokens(r.generated_text)

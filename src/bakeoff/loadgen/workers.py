@@ -209,9 +209,9 @@ async def drive(plan: Plan, ctl: Control, cpu: Callable[[], float] = _cpu_s) -> 
     async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session, \
             aiohttp.ClientSession(connector=fresh_connector, timeout=timeout) as fresh:
 
-        async def one(rec: RequestRecord, prompt: str, t0: float) -> RequestRecord:
+        async def one(rec: RequestRecord, prompt: str, t0: float, defer: bool = False) -> RequestRecord:
             return await send(session, plan.url, plan.model, prompt, rec, t0, plan.temperature, plan.headers,
-                              None, fresh)
+                              None, fresh, defer)
 
         await ctl.barrier("warm")
         if plan.warm:  # at once where there are slots for them: each lands on its own idle server slot
@@ -234,7 +234,9 @@ async def drive(plan: Plan, ctl: Control, cpu: Callable[[], float] = _cpu_s) -> 
             rec = RequestRecord(i, plan.prompt_lens[i] if plan.prompt_lens else plan.prompt_len,
                                 plan.output_lens[i] if plan.output_lens else plan.output_len, worker=plan.worker)
             records.append(rec)
-            await one(rec, plan.prompts[i] if prompt is None else prompt, t0)
+            # Decoded after the cell (bakeoff.loadgen.client.finish_deferred), except where a session's next turn
+            # needs this answer's text now: a wave of streams ending together is then no burst of decoding.
+            await one(rec, plan.prompts[i] if prompt is None else prompt, t0, defer=plan.sessions is None)
             rec.schedule_delay = rec.start - intended
             rec.done = time.perf_counter() - t0
             ctl.done(rec, rec.done)
