@@ -18,22 +18,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import socket
-import subprocess
-import sys
 import time
-import urllib.request
 
 import psutil
 
+from bakeoff.loadgen.echo_server import own_process
 from bakeoff.loadgen.metrics import summarize
 from bakeoff.loadgen.runner import run_cell
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def main() -> None:
@@ -44,20 +35,10 @@ def main() -> None:
     p.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32, 64, 128, 256])
     p.add_argument("--workers", type=int, nargs="+", default=[1])
     a = p.parse_args()
-    port = _free_port()
-    server = subprocess.Popen([sys.executable, "-m", "bakeoff.loadgen.echo_server", "--port", str(port),
-                               "--token-delay-ms", str(a.token_delay_ms)])
-    url = f"http://127.0.0.1:{port}"
-    try:
-        for _ in range(100):
-            try:
-                urllib.request.urlopen(url + "/health", timeout=1)
-                break
-            except OSError:
-                time.sleep(0.1)
+    with own_process(a.token_delay_ms) as (url, pid):
         print("workers concurrency  tok/s  median_tpot_ms  tpot_excess_pct  cpu_share(max)  lag_p99_ms  "
               "sched_delay_p50/p99_ms  server_cpu_share  load_avg_1m")
-        proc = psutil.Process(server.pid)
+        proc = psutil.Process(pid)
         rows = []
         for w, c in ((w, c) for w in a.workers for c in a.concurrency):
             n = max(8, a.requests_per_concurrency * c)
@@ -82,9 +63,6 @@ def main() -> None:
                   f"{row['client_schedule_delay_p50_ms']:11.1f}/{row['client_schedule_delay_p99_ms']:<11.1f} "
                   f"{server_share:16.2f} {load1:12.2f}", flush=True)
         print(json.dumps(rows))
-    finally:
-        server.terminate()
-        server.wait(10)
 
 
 if __name__ == "__main__":

@@ -122,28 +122,10 @@ def server(a: argparse.Namespace, tok) -> Iterator[str]:
         yield a.url.rstrip("/")
         return
     if a.echo_token_delay_ms is not None:
-        import socket
-        import subprocess
-        import time
-        import urllib.request
+        from bakeoff.loadgen.echo_server import own_process
 
-        with socket.socket() as sock:
-            sock.bind(("127.0.0.1", 0))
-            port = sock.getsockname()[1]
-        proc = subprocess.Popen([sys.executable, "-m", "bakeoff.loadgen.echo_server", "--port", str(port),
-                                 "--token-delay-ms", str(a.echo_token_delay_ms)])
-        url = f"http://127.0.0.1:{port}"
-        try:
-            for _ in range(100):
-                try:
-                    urllib.request.urlopen(url + "/health", timeout=1)
-                    break
-                except OSError:
-                    time.sleep(0.1)
+        with own_process(a.echo_token_delay_ms) as (url, _pid):
             yield url
-        finally:
-            proc.terminate()
-            proc.wait(10)
         return
     from bakeoff.composition.compose import load_config
     from bakeoff.engines import ServerSpec, get_engine

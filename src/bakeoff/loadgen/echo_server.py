@@ -86,6 +86,34 @@ def serving(host: str = "127.0.0.1", token_delay_s: float = 0.0, middlewares: Se
         loop.close()
 
 
+@contextmanager
+def own_process(token_delay_ms: float = 0.0, host: str = "127.0.0.1") -> Iterator[tuple[str, int]]:
+    """Run the server in a process of its own (its CPU is not the client's): yields its base URL and pid."""
+    import socket
+    import subprocess
+    import sys
+    import time
+    import urllib.request
+
+    with socket.socket() as sock:
+        sock.bind((host, 0))
+        port = sock.getsockname()[1]
+    proc = subprocess.Popen([sys.executable, "-m", "bakeoff.loadgen.echo_server", "--host", host, "--port", str(port),
+                             "--token-delay-ms", str(token_delay_ms)])
+    url = f"http://{host}:{port}"
+    try:
+        for _ in range(100):
+            try:
+                urllib.request.urlopen(url + "/health", timeout=1)
+                break
+            except OSError:
+                time.sleep(0.1)
+        yield url, proc.pid
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
 def main(argv: list[str] | None = None) -> None:
     """``python -m bakeoff.loadgen.echo_server --port N``: serve in its own process (its CPU is not the client's)."""
     import argparse
