@@ -32,8 +32,8 @@ def test_dvc_repro_runs_its_stage_from_a_plain_shell() -> None:
     assert dry.returncode == 0, dry.stdout + dry.stderr
     commands = [line.removeprefix("> ") for line in dry.stdout.splitlines() if line.startswith("> ")]
     assert len(commands) == 1 and "snakemake" in commands[0], dry.stdout
-    # The stage's command, as DVC's shell would run it, planning only (-n): it must find Snakemake and the workflow.
-    plan = subprocess.run(["/bin/sh", "-c", f"{commands[0]} -n --quiet rules"], cwd=ROOT, env=env,
+    # The stage's command, as DVC's shell would run it, planning every job (-n --forceall: also after a run).
+    plan = subprocess.run(["/bin/sh", "-c", f"{commands[0]} -n --forceall --quiet rules"], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=600)
     assert plan.returncode == 0, f"{commands[0]!r} from a plain shell:\n{plan.stdout[-2000:]}\n{plan.stderr[-3000:]}"
     assert "serve_load" in plan.stdout + plan.stderr, plan.stdout[-2000:]
