@@ -317,7 +317,7 @@ class _MeteredNvml:
         return 700_000
 
     def nvmlDeviceGetMemoryInfo(self, h: str) -> SimpleNamespace:  # noqa: N802
-        return SimpleNamespace(used=10**9)
+        return SimpleNamespace(used=10**9, total=80 * 10**9)
 
     def nvmlDeviceGetUtilizationRates(self, h: str) -> SimpleNamespace:  # noqa: N802
         return SimpleNamespace(gpu=50)
