@@ -29,8 +29,8 @@ from bakeoff.report.answer import fixed_leaders
 from bakeoff.results import spread
 from bakeoff.results.derived import _hardware_for_roofline
 from bakeoff.results.roofline import row_columns
+from bakeoff.serving.job import ServeJob
 from bakeoff.stages import serve_load
-from bakeoff.stages.serve_job import ServeJob
 from bakeoff.stages.summary import COLUMNS, rows
 
 from conftest import ROOT

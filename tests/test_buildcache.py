@@ -1,6 +1,6 @@
 """The build cache: an entry is used only when its key and every file's sha256 match; otherwise rebuilt.
 
-The fast tests drive bakeoff.stages.buildcache on real artifact directories (real manifests, real sha256). The
+The fast tests drive bakeoff.engines.buildcache on real artifact directories (real manifests, real sha256). The
 slow ones check the pipeline's own toolchain: recorded with its key, and restored from the cache by the
 real build stage on a fresh output directory without compiling.
 """
@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from bakeoff.engines import buildcache
 from bakeoff.models.manifest import read_manifest, write_manifest
-from bakeoff.stages import buildcache
 
 from conftest import bakeoff
 

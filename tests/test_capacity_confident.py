@@ -153,7 +153,7 @@ def test_gpu_experiments_default_to_confident_and_cpu_ones_to_point_unless_set()
 
 def test_under_confident_the_fixed_cells_seed_only_their_fails() -> None:
     from bakeoff.loadgen.capacity import bracket_from_cells
-    from bakeoff.stages.serve_capacity import fixed_verdicts
+    from bakeoff.serving.capacity import fixed_verdicts
 
     def cell(c: int, tpot_ms: float) -> dict:  # 100 requests: too few for the confident rule to pass
         return {"concurrency": c, "prompt_len": 128, "status": "ok", "completed": 100, "failed": 0,

@@ -6,8 +6,9 @@ the node's run record and the CSV columns.
 
 from __future__ import annotations
 
+from bakeoff.node.correct import CELL_COLUMNS
+from bakeoff.node.table import format_table
 from bakeoff.report.answer import fixed_leaders, slo_leaders
-from bakeoff.stages.node import CELL_COLUMNS, format_table
 from bakeoff.stages.summary import CAPACITY_COLUMNS, COLUMNS
 
 

@@ -15,11 +15,12 @@ from bakeoff.config.schema import LoadCfg
 from bakeoff.engines import ServerSpec, get_engine
 from bakeoff.layout import CELLS_INDEX
 from bakeoff.loadgen import health
+from bakeoff.loadgen.cellload import CellLoad
 from bakeoff.loadgen.prompts import make_prompts
 from bakeoff.loadgen.runner import run_cell
 from bakeoff.results import spread
+from bakeoff.serving.job import ServeJob
 from bakeoff.stages import serve_load, summary
-from bakeoff.stages.serve_job import ServeJob
 
 from conftest import MODEL, ROOT
 
@@ -72,8 +73,9 @@ def _cell(url: str, tokenizer_dir: Path, on_start: Callable[[], None] | None = N
     from transformers import AutoTokenizer
 
     prompts = make_prompts(AutoTokenizer.from_pretrained(tokenizer_dir), 32, 6, seed=1)
-    res = run_cell(base_url=url, model="smol", prompts=prompts[1:], prompt_len=32, output_len=32, concurrency=2,
-                   warmup_prompts=prompts[:1], show_progress=False, on_measure_start=on_start, on_measure_end=on_end)
+    res = run_cell(url, "smol", CellLoad(prompts[1:], prompt_len=32, output_len=32, concurrency=2,
+                                         warmup_prompts=prompts[:1]),
+                   show_progress=False, on_measure_start=on_start, on_measure_end=on_end)
     assert all(r.success for r in res.records)
     return res.client
 

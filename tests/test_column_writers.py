@@ -100,8 +100,8 @@ def test_every_column_is_written_by_each_module_registered_as_its_writer() -> No
 
 
 @pytest.mark.parametrize(("column", "reader"), [
-    ("peak_in_flight", "bakeoff.stages.serve_capacity"),  # reads it from a probe as its concurrency
-    ("over_ttft_share", "bakeoff.stages.serve_capacity"),  # copies it into the capacity row as ..._at_capacity
+    ("peak_in_flight", "bakeoff.serving.capacity"),  # reads it from a probe as its concurrency
+    ("over_ttft_share", "bakeoff.serving.capacity"),  # copies it into the capacity row as ..._at_capacity
     ("engine_version", "bakeoff.engines.base"),  # the plugins write it; the base class never names it
     ("status", "bakeoff.report.answer"),  # filters rows by it
 ])

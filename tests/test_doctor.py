@@ -1,6 +1,6 @@
 """The hardware doctor: on this CPU machine for real, and on NVML facts (recorded on an H200; hand-written V100, A100).
 
-tests/fixtures/hardware/h200.json was recorded on the lent H200 (``python -m bakeoff.hardware.doctor``). The V100
+tests/fixtures/hardware/h200.json was recorded on an H200 node (``python -m bakeoff.hardware.doctor``). The V100
 and A100 files are hand-written (``*.handwritten.json``; tests/fixtures/hardware/README.md says where each
 value comes from): the same fields, shaped as NVML reports them for those parts.
 """
@@ -69,11 +69,11 @@ def test_a_config_naming_another_gpu_stops_the_doctor_naming_both_and_the_fix() 
     with pytest.raises(DoctorError) as err:
         analyze(h100, cfg.hardware, cfg.doctor)
     text = str(err.value)
-    assert "hardware=h200 (1 x NVIDIA H200, 141 GB" in text and "1 x NVIDIA H100 80GB HBM3 (79.6 GiB" in text
-    assert "gpu_model 'NVIDIA H200'" in text and "gpu_memory_gb 141" in text and "hardware=auto" in text
+    assert "hardware=h200 (1 x NVIDIA H200, 140.4 GiB" in text and "1 x NVIDIA H100 80GB HBM3 (79.6 GiB" in text
+    assert "gpu_model 'NVIDIA H200'" in text and "gpu_memory_gib 140.4" in text and "hardware=auto" in text
     # the seed's V100 config on an A100 pair: name, memory and compute capability all differ
     v100 = load_config(["experiment=blog_v100"])
-    with pytest.raises(DoctorError, match=r"Tesla V100.*gpu_memory_gb 32 .*40 GiB.*cuda_arch 70 is not the node's 80"):
+    with pytest.raises(DoctorError, match=r"Tesla V100.*gpu_memory_gib 31.7 .*40 GiB.*cuda_arch 70 is not the node's 80"):
         analyze(_facts("a100x2.handwritten"), v100.hardware, v100.doctor)
     # the matching config passes without a word about the GPU
     rep = analyze(h100, load_config(["experiment=h200_seed", "hardware=h100"]).hardware, cfg.doctor)
@@ -93,7 +93,7 @@ def test_hardware_auto_picks_the_config_of_the_nodes_gpus_or_composes_one() -> N
     # no config names an A100: one is composed from the findings, and a hardware.<key> beside auto still wins
     hw = load_config(["experiment=blog_v100", "hardware=auto", "hardware.vllm_tensor_parallel_size=1"],
                      facts=_facts("a100x2.handwritten")).hardware
-    assert (hw.name, hw.gpus, hw.gpu_model, hw.gpu_memory_gb, hw.cuda_arch, hw.interconnect) == (
+    assert (hw.name, hw.gpus, hw.gpu_model, hw.gpu_memory_gib, hw.cuda_arch, hw.interconnect) == (
         "auto-nvidia-a100-pcie-40gb-x2", 2, "NVIDIA A100-PCIE-40GB", 40.0, 80, "pcie")
     assert hw.vllm_tensor_parallel_size == 1 and hw.mem_bandwidth_gbs is None  # the doctor measures it on the node
     # a GPU the config picked for it passes the doctor's check

@@ -1,7 +1,7 @@
 """The doctor refuses a driver older than the CUDA toolkit of the build environment, before any build.
 
 The V100 facts are the hand-written fixture (tests/fixtures/hardware/README.md) with the driver set here to
-the seed's 535.104.05; the H200 facts were recorded on the lent H200 (driver 580.159.04).
+the seed's 535.104.05; the H200 facts were recorded on an H200 node (driver 580.159.04).
 """
 
 from __future__ import annotations

@@ -25,7 +25,7 @@ from bakeoff.stages import gpu_check
 from conftest import ROOT, planned_jobs, results_root, snakemake
 
 FIX = Path(__file__).parent / "fixtures" / "hardware"
-H200_RECORD = ROOT / "runs/h200-llamacpp-matrix-2026-12-04/hardware.json"  # the doctor's record on the lent H200
+H200_RECORD = ROOT / "runs/h200-llamacpp-matrix-2026-12-04/hardware.json"  # the doctor's record on an H200 node
 
 
 def _v100(gpu1_volatile: int = 0, gpu1_aggregate: int = 0) -> dict:
@@ -159,7 +159,7 @@ def _node_plan(tmp_path: Path, record: dict) -> dict[str, dict[str, str]]:
 
 
 def test_on_a_clean_card_no_server_waits_for_the_check_s_gguf(tmp_path: Path) -> None:
-    """The doctor's record decides the check's inputs (a checkpoint): the lent H200's real record has no ECC
+    """The doctor's record decides the check's inputs (a checkpoint): an H200 node's real record has no ECC
     history, so the check needs no GGUF and no build, takes one core and runs beside the build; the schedule's
     first server then waits for no other format's quantization. The same record with one lifetime uncorrectable error on the card
     (set here) brings back the smallest GGUF, the tools and every core."""

@@ -11,9 +11,9 @@ import pytest
 import torch
 from safetensors import safe_open
 
+from bakeoff.engines.buildcache import cache_key
 from bakeoff.models.manifest import read_manifest, verify
 from bakeoff.proc import ManagedProcess, free_port
-from bakeoff.stages.buildcache import cache_key
 
 from conftest import Pipeline, bakeoff
 

@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 from test_node_vllm_parts import wheel
 
-from bakeoff.stages import node_parts
-from bakeoff.stages.node import NODE_SH, PREPARE_RULES
+from bakeoff.node import parts as node_parts
+from bakeoff.node.bundle import NODE_SH, PREPARE_RULES
 
 SNAKEFILE = """
 rule node:

@@ -19,7 +19,8 @@ from bakeoff.engines import ServerSpec
 from bakeoff.errors import BakeoffError
 from bakeoff.layout import cell_name, is_cell_stem
 from bakeoff.models.manifest import verify, write_manifest
-from bakeoff.stages.node import COLLECT, NODE_SH, collect, correct_unpacked, pack, unpack
+from bakeoff.node.bundle import COLLECT, NODE_SH, collect, pack, unpack
+from bakeoff.node.correct import correct_unpacked
 
 from conftest import planned_jobs, snakemake
 
@@ -188,7 +189,7 @@ def test_node_target_plans_only_node_jobs():
 
 def test_record_of_the_h200_run_derives_its_committed_tables(tmp_path: Path):
     """The committed run record is what `bakeoff node record` derives from the committed tarball."""
-    from bakeoff.stages.node import record
+    from bakeoff.node.record import record
 
     for name in ("h200-llamacpp-matrix-2026-12-04", "h200-llamacpp-blocks-2026-12-04"):
         run = ROOT / "runs" / name

@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 
 from bakeoff.errors import BakeoffError
-from bakeoff.stages import node_parts
-from bakeoff.stages.node_vllm import collect_wheels, default_part_bytes, pack_vllm, trim_wheel
+from bakeoff.node import parts as node_parts
+from bakeoff.node.vllm import collect_wheels, default_part_bytes, pack_vllm, trim_wheel
 
 TRIM = {"vllm/_fa2_C*": "stand-in for FA2", "vllm/third_party/deep_gemm/*": "stand-in for DeepGEMM"}
 

@@ -18,7 +18,7 @@ from transformers import AutoTokenizer
 from bakeoff.layout import probe_name
 from bakeoff.loadgen.prompts import make_prompts
 from bakeoff.loadgen.runner import arrival_gaps
-from bakeoff.stages.serve_capacity import probe_seed
+from bakeoff.serving.capacity import probe_seed
 tok = AutoTokenizer.from_pretrained(sys.argv[1])
 name = probe_name("interactive", "rate", 2.5, 32)
 seed = probe_seed(name, 20)

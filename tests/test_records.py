@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from bakeoff.stages.node import record
-from bakeoff.stages.node_readme import BEGIN, END, parse_call_log, section_of
+from bakeoff.node.readme import BEGIN, END, parse_call_log, section_of
+from bakeoff.node.record import record
 
 from conftest import ROOT, snakemake
 

@@ -13,7 +13,7 @@ import re
 from pathlib import Path
 
 from bakeoff.composition.compose import load_config
-from bakeoff.stages.serve_job import ServeJob
+from bakeoff.serving.job import ServeJob
 
 from conftest import ROOT, snakemake
 

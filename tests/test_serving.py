@@ -22,9 +22,10 @@ from bakeoff.errors import BakeoffError
 from bakeoff.loadgen.capacity import bracket_from_cells
 from bakeoff.models.manifest import read_manifest
 from bakeoff.proc import ServerStartError
-from bakeoff.stages import measure_cell, serve_load
-from bakeoff.stages.serve_capacity import fixed_verdicts
-from bakeoff.stages.serve_job import ServeJob
+from bakeoff.serving import measure as measure_cell
+from bakeoff.serving.capacity import fixed_verdicts
+from bakeoff.serving.job import ServeJob
+from bakeoff.stages import serve_load
 
 from conftest import ROOT, Pipeline, _server_pids, bakeoff
 

@@ -2,7 +2,7 @@
 
 No GPU here, so NVML itself is replaced by ``HandWrittenNvml`` below: a hand-written
 stand-in that answers NVML's calls from a fixed device inventory (the UUID of
-the lent H200 comes from runs/h200-llamacpp-probe-2026-12-03/probe.json, the others are
+an H200 node comes from runs/h200-llamacpp-probe-2026-12-03/probe.json, the others are
 hand-written). What is tested is bakeoff's mapping and arithmetic, not NVML.
 """
 

@@ -12,8 +12,8 @@ import pytest
 
 from bakeoff.composition.compose import load_config
 from bakeoff.config.schema import LoadCfg
+from bakeoff.serving.job import ServeJob
 from bakeoff.stages import serve_load
-from bakeoff.stages.serve_job import ServeJob
 
 from conftest import MODEL, ROOT, results_root, snakemake
 

@@ -27,7 +27,7 @@ CFG = next(iter(POINTS.values())).cfg  # the build side (model, formats, toolcha
 # Before the first job of a real run (never for a plan, -n): what on this machine stops an engine from serving as
 # configured, e.g. a CUDA config whose vLLM interpreter has a CPU-only torch (bakeoff.composition.compose.run_problems).
 # Not asked where nothing the engines need would run: --touch, or only the bookkeeping that reads results (the
-# submit host's share over a GPU node's results, bakeoff.stages.node; the Snakefile's localrules), where no engine
+# submit host's share over a GPU node's results, bakeoff.node; the Snakefile's localrules), where no engine
 # is installed. Any other rule, the doctor first, asks.
 BOOKKEEPING_RULES = {"all", "points", "summary", "check_baselines", "samples", "versions", "plots", "pages",
                      "dvc_metrics", "track"}
@@ -428,6 +428,6 @@ def node_outputs():
     """What the GPU node makes: the doctor's record, every variant's cells, the kernel benchmarks.
 
     Everything downstream of these (summary, samples, plots, pages, MLflow) is bookkeeping for the submit
-    host, which reads them as they come back (bakeoff.stages.node).
+    host, which reads them as they come back (bakeoff.node).
     """
     return [HARDWARE, *block_indexes(), *kernel_files(), *ecc_after()]

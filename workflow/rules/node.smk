@@ -1,4 +1,4 @@
-# The GPU node's share of the DAG, as one target: `snakemake --cores all node` on the node (bakeoff.stages.node
+# The GPU node's share of the DAG, as one target: `snakemake --cores all node` on the node (bakeoff.node
 # packs this checkout for it and unpacks what comes back); the submit host's `snakemake` does the rest.
 
 

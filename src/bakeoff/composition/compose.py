@@ -13,6 +13,7 @@ readers. Composition sits above both (tests/test_layers.py).
 
 from __future__ import annotations
 
+import argparse
 import hashlib
 import json
 import shlex
@@ -260,3 +261,20 @@ def load_config_file(path: Path) -> Config:
     except ValidationError as e:
         raise ConfigError(f"{p}: {_format_validation(e)}") from None
     return check_engines(cfg)
+
+
+def config_command(a: argparse.Namespace) -> None:
+    """``bakeoff config [overrides]``: the composed, validated config and its hash, as JSON."""
+    cfg = load_config(a.overrides)
+    print(json.dumps({"config_hash": config_hash(cfg), **cfg.model_dump(mode="json")}, indent=2))
+
+
+def dvc_params_command(a: argparse.Namespace) -> None:
+    """``bakeoff dvc-params``: params.yaml re-composed exactly as `dvc exp run` does (DVC's own composer), for
+    `dvc repro`, and validated by the same schema."""
+    from dvc.utils.hydra import compose_and_dump  # DVC's import is slow: only this command needs it
+
+    conf = find_conf_dir()
+    compose_and_dump(Path(a.out), str(conf), None, "config", str(conf.parent), list(a.overrides))
+    load_config_file(Path(a.out))
+    print(f"wrote {a.out}")

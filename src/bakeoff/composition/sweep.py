@@ -23,6 +23,7 @@ survives composition).
 
 from __future__ import annotations
 
+import argparse
 import itertools
 import json
 import re
@@ -32,9 +33,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bakeoff.composition.compose import _hydra_value, config_hash, load_config, load_config_file, overrides_from_snakemake
+from bakeoff.composition.compose import (
+    _hydra_value,
+    config_hash,
+    find_conf_dir,
+    load_config,
+    load_config_file,
+    overrides_from_snakemake,
+)
 from bakeoff.config.schema import Config
-from bakeoff.errors import ConfigError
+from bakeoff.errors import BakeoffError, ConfigError
+from bakeoff.models.artifacts import atomic_write_text
 
 # Keys of `snakemake --config` that are not Hydra overrides.
 SWEEP_KEY = "sweep"
@@ -215,3 +224,17 @@ def points_json(points: list[Point], conf_dir: Path | None = None) -> str:
             "config": p.cfg.model_dump(mode="json"),
         } for p in points
     }, sort_keys=True)
+
+
+def points_command(a: argparse.Namespace) -> None:
+    """``bakeoff points``: the invocation's sweep points (axes, hash, full config) -- results/config.json.
+
+    Recomposed from Snakemake's ``--config`` entries by the same function the Snakefile uses, so the rule's
+    params stay short (the entries plus hashes).
+    """
+    smk = json.loads(a.smk_config)
+    if not isinstance(smk, dict):
+        raise BakeoffError("--smk-config must be a JSON object (snakemake's --config entries)")
+    conf = find_conf_dir()
+    data = json.loads(points_json(points_from_snakemake(smk, conf_dir=conf), conf_dir=conf))
+    atomic_write_text(Path(a.out), json.dumps(data, indent=2, sort_keys=True) + "\n")

@@ -66,7 +66,7 @@ class HardwareCfg(_Strict):
     backend: Literal["cpu", "cuda"]
     gpus: NonNegativeInt
     gpu_model: str | None = None
-    gpu_memory_gb: PositiveFloat | None = None
+    gpu_memory_gib: PositiveFloat | None = None
     cuda_arch: PositiveInt | None = None
     interconnect: Literal["nvlink", "pcie"] | None = None
     mem_bandwidth_gbs: PositiveFloat | None = None
@@ -211,6 +211,9 @@ class CapacityCfg(_Strict):
     # The search's own ceiling; the server's limit (vLLM's max_num_seqs and KV cache, llama.cpp's slots) also
     # stops it. A search stopped by either reports a lower bound, naming the limit (capacity_limit).
     max_concurrency: PositiveInt = 1024
+    # The concurrency search stops once its lowest fail is within this share of its highest pass, never closer
+    # than one user: fail - pass <= max(1, floor(resolution x pass)); it reports that bracket, e.g. 192–200.
+    resolution: PositiveFloat = 0.05
     rate: bool = True  # also search the open-loop (Poisson) request rate
     rate_resolution: PositiveFloat = 0.1  # the rate search stops when fail / pass <= 1 + this
     # How a probe passes (bakeoff.loadgen.capacity): point, its p99s within the bounds; confident, also the 95 %

@@ -168,6 +168,13 @@ class Engine(abc.ABC):
         return None
 
     @classmethod
+    def sized_for_capacity(cls, settings: Mapping[str, Any], maximum: int, slot_tokens: int, model_dir: Path,
+                           hardware: HardwareCfg) -> tuple[dict[str, Any], str] | None:
+        """Settings that let a capacity search reach ``maximum`` requests of ``slot_tokens`` each, and what set
+        them; None where the engine needs no sizing (its request pool grows with the load by itself)."""
+        return None
+
+    @classmethod
     def weight_shards(cls, hardware: Mapping[str, Any], settings: Mapping[str, Any]) -> int:
         """GPUs that read disjoint weight shards at once during one decode step (the roofline's bandwidth factor)."""
         return 1

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 import requests
@@ -16,6 +17,7 @@ from bakeoff.layout import GGUF_NAME
 from bakeoff.loadgen.prefix_cache import PrefixCacheCounters
 from bakeoff.loadgen.scrape import MetricNames
 from bakeoff.models.manifest import read_manifest
+from bakeoff.models.weights import GIB, gguf_kv_bytes_per_token
 
 
 @register
@@ -70,6 +72,26 @@ class LlamaCppEngine(Engine):
     # The most slots (sequences) llama.cpp serves at once: LLAMA_MAX_SEQ in the pinned source's
     # src/llama-cparams.h; a larger --parallel fails the start ("n_seq_max must be <= 256").
     MAX_SLOTS = 256
+
+    # Of the GPU memory the hardware config states, what the weights and compute buffers leave to the KV cache is
+    # at most this share (llama.cpp allocates the whole cache at start: too large a cache fails the start).
+    KV_MEMORY_SHARE = 0.85
+    COMPUTE_RESERVE_BYTES = 2 * GIB
+
+    @classmethod
+    def sized_for_capacity(cls, settings: Mapping[str, Any], maximum: int, slot_tokens: int, model_dir: Path,
+                           hardware: HardwareCfg) -> tuple[dict[str, Any], str]:
+        """At least ``maximum`` slots of ``slot_tokens`` each (:meth:`sized_for_search`), within the KV memory the
+        hardware config's GPUs leave after the GGUF's weights; on CPU memory does not bound them."""
+        free: float | None = None
+        kv: int | None = None
+        if hardware.backend == "cuda" and hardware.gpu_memory_gib:
+            ggufs = sorted(model_dir.glob("*.gguf"))
+            weights = sum(f.stat().st_size for f in ggufs)
+            free = (cls.KV_MEMORY_SHARE * hardware.gpu_memory_gib * GIB * max(1, hardware.gpus) - weights
+                    - cls.COMPUTE_RESERVE_BYTES)
+            kv = next((b for f in ggufs if (b := gguf_kv_bytes_per_token(f))), None)
+        return cls.sized_for_search(settings, maximum, slot_tokens, kv, free)
 
     @classmethod
     def sized_for_search(cls, settings: Mapping[str, Any], maximum: int, slot_tokens: int,

@@ -46,15 +46,13 @@ from bakeoff.hardware import gpubandwidth
 from bakeoff.hardware.cpuflags import cpu_model_name, read_cpu_flags
 from bakeoff.hardware.ecc import growth, historical_uncorrected, volatile_uncorrected
 from bakeoff.hardware.match import describe_config, describe_node, mismatches
+from bakeoff.hardware.topology import topology
 from bakeoff.models.artifacts import atomic_write_text
 
 if TYPE_CHECKING:  # the probe also runs standalone on a bare GPU node (no pydantic there)
     from bakeoff.config.schema import DoctorCfg, HardwareCfg
 
 SCHEMA = 1
-TOPO_LEVELS = {0: "X", 10: "PIX", 20: "PXB", 30: "PHB", 40: "NODE", 50: "SYS"}  # nvidia-smi topo -m labels
-
-
 class DoctorError(BakeoffError):
     """The node must not run this experiment (missing GPUs, uncorrectable ECC errors)."""
 
@@ -218,30 +216,6 @@ def capabilities(cc: float | None, cpu_flags: list[str] | None = None) -> dict[s
     return {"native_fp8": cc >= 8.9, "bf16": cc >= 8.0, "vllm_fp8_marlin": cc >= 8.0, "any_fp8": cc >= 8.0}
 
 
-def topology(facts: dict[str, Any]) -> dict[str, Any]:
-    """GPU-to-GPU matrix in nvidia-smi's labels (NV<n> = n NVLink links) and the node's interconnect."""
-    gpus = facts.get("gpus", [])
-    by_bus = {g["bus_id"].lower(): g["index"] for g in gpus}
-    pcie = facts.get("pcie_topology") or [[None] * len(gpus) for _ in gpus]
-    matrix: list[list[str]] = []
-    any_nvlink = False
-    for a, g in enumerate(gpus):
-        row = []
-        for b in range(len(gpus)):
-            if a == b:
-                row.append("X")
-                continue
-            n = sum(1 for ln in g.get("nvlink", []) if by_bus.get(str(ln.get("remote_bus_id") or "").lower()) == b)
-            if n:
-                any_nvlink = True
-                row.append(f"NV{n}")
-            else:
-                row.append(TOPO_LEVELS.get(pcie[a][b], "?") if pcie[a][b] is not None else "?")
-        matrix.append(row)
-    inter = None if len(gpus) < 2 else ("nvlink" if any_nvlink else "pcie")
-    return {"labels": [f"GPU{g['index']}" for g in gpus], "matrix": matrix, "interconnect": inter}
-
-
 def ecc_uncorrected(facts: dict[str, Any]) -> dict[str, int]:
     """GPU -> uncorrectable ECC errors since the driver loaded (volatile): these stop a run (bakeoff.hardware.ecc)."""
     return volatile_uncorrected(facts)
@@ -340,3 +314,19 @@ if __name__ == "__main__":  # python -m bakeoff.hardware.doctor OUT.json: the pr
     import sys
 
     atomic_write_text(Path(sys.argv[1]), json.dumps(probe(), indent=2) + "\n")
+
+
+def summary_text(r: dict, predictions: dict | None = None) -> str:
+    """The doctor's findings in a few lines (the full record is the JSON file)."""
+    lines = [f"hardware config {r['hardware_config']['name']}: CPU {r['cpu']['model']} ({r['cpu']['logical_cores']} cores, "
+             f"copy bandwidth {r['cpu']['mem_bandwidth_gbs'] or 0:.1f} GB/s); NVML {r.get('nvml')}"]
+    for g in r.get("gpus", []):
+        lines.append(f"  GPU{g['index']} {g['name']} cc {g['compute_capability']} {g['memory_total_mib']} MiB")
+    if r.get("gpus"):
+        lines.append(f"  driver {r.get('driver_version')}, CUDA {r.get('cuda_driver_version')}, "
+                     f"interconnect {r['topology']['interconnect']}")
+    lines.append("capabilities: " + ", ".join(f"{k}={v}" for k, v in r["capabilities"].items()))
+    for v, p in (predictions or {}).items():
+        lines.append(f"  {v}: {p['expected']}" + (f" ({p['reason']})" if p["reason"] else ""))
+    lines += [f"warning: {w}" for w in r["warnings"]]
+    return "\n".join(lines)

@@ -17,8 +17,10 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-# A config's gpu_memory_gb is the datasheet's figure (141 for an H200, whose NVML total is 140.4 GiB);
-# more than this share away from NVML's total is another GPU.
+from bakeoff.hardware.topology import topology
+
+# A config's gpu_memory_gib is NVML's total in GiB (140.4 for an H200); more than this share away from the
+# node's is another GPU (a config written from a datasheet's GB, 141, still matches).
 MEMORY_TOLERANCE = 0.10
 GIB = 1 << 30
 
@@ -47,9 +49,9 @@ def describe_node(gpus: Sequence[Mapping[str, Any]]) -> str:
 def describe_config(hw: Mapping[str, Any]) -> str:
     if hw.get("backend") != "cuda":
         return f"hardware={hw.get('name')} (CPU only)"
-    mem = hw.get("gpu_memory_gb")
+    mem = hw.get("gpu_memory_gib")
     return (f"hardware={hw.get('name')} ({hw.get('gpus')} x {hw.get('gpu_model') or 'unnamed GPU'}, "
-            f"{format(float(mem), 'g') if mem else '?'} GB, cuda_arch {hw.get('cuda_arch')})")
+            f"{format(float(mem), 'g') if mem else '?'} GiB, cuda_arch {hw.get('cuda_arch')})")
 
 
 def mismatches(facts: Mapping[str, Any], hw: Mapping[str, Any]) -> list[str]:
@@ -67,11 +69,11 @@ def mismatches(facts: Mapping[str, Any], hw: Mapping[str, Any]) -> list[str]:
     names = sorted({str(g["name"]) for g in used})
     if model and any(str(model).lower() not in n.lower() for n in names):
         out.append(f"gpu_model {model!r} is not the node's {', '.join(repr(n) for n in names)}")
-    mem = hw.get("gpu_memory_gb")
+    mem = hw.get("gpu_memory_gib")
     if mem:
         found = sorted({round(gpu_memory_gib(g), 1) for g in used})
         if any(abs(f - float(mem)) > MEMORY_TOLERANCE * float(mem) for f in found):
-            out.append(f"gpu_memory_gb {mem:g} is not the node's {', '.join(f'{f:g}' for f in found)} GiB")
+            out.append(f"gpu_memory_gib {mem:g} is not the node's {', '.join(f'{f:g}' for f in found)} GiB")
     arch = hw.get("cuda_arch")
     archs = sorted({cuda_arch(g) for g in used})
     if arch and any(a != int(arch) for a in archs):
@@ -98,8 +100,6 @@ def compose(facts: Mapping[str, Any]) -> dict[str, Any]:
     the node and the roofline uses that (``bandwidth_source``). Mixed GPU models are refused: one config
     names one GPU.
     """
-    from bakeoff.hardware.doctor import topology
-
     gpus = list(facts.get("gpus") or [])
     names = sorted({str(g["name"]) for g in gpus})
     if len(names) != 1:
@@ -107,7 +107,7 @@ def compose(facts: Mapping[str, Any]) -> dict[str, Any]:
     n = len(gpus)
     bandwidths = [g.get("mem_bandwidth_gbs") for g in gpus]
     return {"name": "auto-" + _slug(names[0]) + (f"-x{n}" if n > 1 else ""), "backend": "cuda", "gpus": n,
-            "gpu_model": names[0], "gpu_memory_gb": round(min(gpu_memory_gib(g) for g in gpus), 1),
+            "gpu_model": names[0], "gpu_memory_gib": round(min(gpu_memory_gib(g) for g in gpus), 1),
             "cuda_arch": min(cuda_arch(g) for g in gpus),
             "interconnect": topology(dict(facts))["interconnect"] if n > 1 else None,
             "mem_bandwidth_gbs": round(min(bandwidths), 2) if all(bandwidths) else None,

@@ -31,6 +31,7 @@ traces): two requests whose ``hash_ids`` share a prefix share that many blocks o
 
 from __future__ import annotations
 
+import argparse
 import hashlib
 import json
 import math
@@ -255,3 +256,8 @@ def trace_stats(rows: Sequence[TraceRequest], block_tokens: int) -> dict[str, An
             "shared_fraction_quantiles": _percentiles(fractions, range(0, 101, 10)) if fractions else {},
             "new_blocks_quantiles": _percentiles(new_blocks, LENGTH_PCTS) if new_blocks else {},
             "implied_hit_rate": hit / total}
+
+
+def stats_command(a: argparse.Namespace) -> None:
+    """``bakeoff trace-stats TRACE``: the statistics the generator draws from, computed from a Mooncake trace."""
+    print(json.dumps(trace_stats(read(Path(a.trace), a.block_tokens), a.block_tokens), indent=2))

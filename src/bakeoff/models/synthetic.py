@@ -1,6 +1,6 @@
 """A synthetic model source: a real architecture's exact shape, random F16 weights, written with gguf-py.
 
-Why: a GPU node that cannot download a model (the lent H200 reaches nothing)
+Why: a GPU node that cannot download a model (one without network)
 must still run the pipeline. Decode and prefill speed depend on the shape
 (layers, widths, heads, vocabulary) and the format, not on the weight values,
 when every request has a fixed output length (the load client sends

@@ -13,6 +13,8 @@ import math
 import struct
 from pathlib import Path
 
+GIB = 1 << 30  # GPU memory is stated in GiB everywhere (hardware.gpu_memory_gib, NVML's MiB / 1024)
+
 # safetensors dtype -> bytes per element
 _ST_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "F8_E4M3": 1, "F8_E5M2": 1, "I64": 8, "I32": 4,
              "I16": 2, "I8": 1, "U8": 1, "BOOL": 1}

@@ -8,6 +8,7 @@ published numbers beside ours, then the plots, then every row.
 
 from __future__ import annotations
 
+import argparse
 import base64
 import csv
 import html
@@ -19,7 +20,7 @@ from typing import Any
 
 from bakeoff.models.artifacts import atomic_write_text
 from bakeoff.report import answer
-from bakeoff.report.pages import LEAD, STYLE, _cell
+from bakeoff.report.pages import LEAD, STYLE, _cell, environment_html, summary_html
 from bakeoff.report.plots import frontier_figure, read_summary
 
 SCRIPT = """<script>
@@ -189,3 +190,13 @@ def index_html(summary: Path, capacity_csv: Path | None, plots: Sequence[Path], 
             f"{_table(ordered, [open_ends(r) for r in rows], 'sortable', 'data-filter=filter')}</section>{SCRIPT}"
             f"</body></html>\n")
     atomic_write_text(out, page)
+
+
+def run_command(a: argparse.Namespace) -> None:
+    """``bakeoff pages``: the summary and environment pages, and the report's index page where asked."""
+    summary_html(Path(a.summary), Path(a.summary_html))
+    environment_html(Path(a.versions), Path(a.config), Path(a.environment_html),
+                     Path(a.hardware_json) if a.hardware_json else None)
+    if a.index_html:
+        index_html(Path(a.summary), Path(a.capacity) if a.capacity else None, [Path(p) for p in a.plots],
+                   Path(a.index_html), Path(a.answer_csv) if a.answer_csv else None)

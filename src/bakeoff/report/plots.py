@@ -9,6 +9,7 @@ failing the pipeline.
 
 from __future__ import annotations
 
+import argparse
 import csv
 import json
 import statistics
@@ -234,3 +235,9 @@ def render_all(summary: Path, cell_indexes: list[Path], out_dir: Path) -> list[P
         quality_vs_speed(rows, tmp / PLOTS[3])
         roofline_plot(rows, tmp / PLOTS[4])
     return [out_dir / p for p in PLOTS]
+
+
+def run_command(a: argparse.Namespace) -> None:
+    """``bakeoff plots``: the report's PNG plots from the summary and the per-request records."""
+    for p in render_all(Path(a.summary), [Path(p) for p in a.indexes], Path(a.out)):
+        print(p)

@@ -8,13 +8,15 @@ wrote, so it must not end as a success. The summary itself stays on disk.
 
 from __future__ import annotations
 
+import argparse
 import json
+import sys
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from bakeoff.models.artifacts import atomic_write_text
 from bakeoff.errors import BakeoffError
+from bakeoff.models.artifacts import atomic_write_text
 
 SIXTEEN_BITS = 15.5  # bits per weight of a 16-bit format (the quality reference's threshold too)
 
@@ -64,3 +66,9 @@ def check(summary_csv: Path, out: Path) -> dict[str, dict[str, Any]]:
                             f"{summary_csv}):\n  " + "\n  ".join(lines))
     atomic_write_text(out, json.dumps(found, indent=2) + "\n")
     return found
+
+
+def run_command(a: argparse.Namespace) -> None:
+    """``bakeoff check-baselines SUMMARY``: fail unless every engine's 16-bit variant has an ok cell."""
+    for name, b in check(Path(a.summary), Path(a.out)).items():
+        print(f"baseline {name} ({', '.join(b['formats'])}): {b['ok']} of {b['cells']} cells ok", file=sys.stderr)

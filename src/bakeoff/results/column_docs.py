@@ -7,7 +7,12 @@ the registry renders.
 
 from __future__ import annotations
 
+import argparse
+import sys
+from pathlib import Path
+
 from bakeoff.layout import COLUMNS_DOC
+from bakeoff.models.artifacts import atomic_write_text
 from bakeoff.results.columns import SCHEMA_VERSION, TABLES, Column, Family, Table
 
 # How a name reads, suffix by suffix: the conventions the families below follow.
@@ -73,3 +78,12 @@ def render(tables: tuple[Table, ...] = TABLES) -> str:
     for t in tables:
         lines += _table(t)
     return "\n".join(lines).rstrip("\n") + "\n"
+
+
+def run_command(a: argparse.Namespace) -> None:
+    """``bakeoff columns [--write PATH]``: the data dictionary as Markdown, printed or written."""
+    if a.write:
+        Path(a.write).parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(Path(a.write), render())
+    else:
+        sys.stdout.write(render())

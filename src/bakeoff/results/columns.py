@@ -78,8 +78,8 @@ FRACTION, PCT, RATIO = "fraction (0-1)", "% (0-100)", "ratio"
 
 METRICS = "bakeoff.loadgen.metrics"
 CELLS = "bakeoff.loadgen.cells"
-MEASURE = "bakeoff.stages.measure_cell"
-SERVE = "bakeoff.stages.serve_variant"
+MEASURE = "bakeoff.serving.measure"
+SERVE = "bakeoff.serving.variant"
 SUMMARY_STAGE = "bakeoff.stages.summary"
 DERIVED = "bakeoff.results.derived"
 
@@ -324,7 +324,7 @@ WORKLOAD = _mixed(
          "plus the new text) during the cell (multiturn).", "bakeoff.loadgen.runner"),
         ("prefix_caching", "", "What the engine's `prefix_caching` setting asked: `on`, `off`, or `engine "
          "default` (vLLM: on; llama.cpp: its slot's own prompt reuse, no host cache as conf/engine sets it).",
-         "bakeoff.stages.measure_cell"),
+         "bakeoff.serving.measure"),
         ("prefix_cache_hits", TOKENS, "Prompt tokens the server reused from its prefix cache over the measured "
          "window (vLLM `prefix_cache_hits`, llama.cpp `prompt_tokens_cached`).", "bakeoff.loadgen.prefix_cache"),
         ("prefix_cache_queries", TOKENS, "Prompt tokens the server looked up in it (vLLM `prefix_cache_queries`, 0 "
@@ -370,7 +370,7 @@ PROBES = _family(
     "capacity probes",
     "Rows of a capacity search (`load.mode: capacity`); empty on the fixed cells. A probe is measured like "
     "any cell, so every other column applies to it too.",
-    "bakeoff.stages.serve_capacity",
+    "bakeoff.serving.capacity",
     [
         ("probe_of", "", "What the probe searched: `concurrency` (closed loop) or `rate` (open loop)."),
         ("slo", "", "The SLO preset the probe was judged against (`bakeoff.config.slo`)."),
@@ -561,7 +561,7 @@ CAPACITY_SEARCH = _family(
     "`<kind>_at_limit`, `<kind>_probes` and `binding_<kind>` describe that search, for `concurrency` (closed "
     "loop) and `rate` (open loop, req/s). `<metric>_at_capacity` is the metric of the probe at the closed-loop "
     "capacity, in `<metric>`'s unit (see the summary's table).",
-    "bakeoff.stages.serve_capacity",
+    "bakeoff.serving.capacity",
     [
         ("experiment", "", "Experiment (sweep point) name."),
         ("model", "", "Model name."),

@@ -13,12 +13,10 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from bakeoff.results import published
-
-from bakeoff.results import roofline
 from bakeoff.engines.support import predict
 from bakeoff.errors import BakeoffError
 from bakeoff.layout import variant_name
+from bakeoff.results import published, roofline
 
 AXIS_COLUMNS = ["sweep", "overrides"]
 # From the doctor (results/hardware.json) and the model config: what was expected, where bandwidth came from.

@@ -9,14 +9,14 @@ change here.
 
 from __future__ import annotations
 
+import argparse
 import csv
 import json
-import math
 from pathlib import Path
 from typing import Any
 
-from bakeoff.models.artifacts import atomic_write_text
 from bakeoff.layout import row_cell_name, variant_name
+from bakeoff.models.artifacts import atomic_write_text
 from bakeoff.results.numbers import number
 
 HEADLINE = ["output_throughput", "request_throughput", "median_ttft_ms", "p99_ttft_ms", "median_tpot_ms",
@@ -40,3 +40,8 @@ def metrics(summary: Path) -> dict[str, Any]:
 
 def write(summary: Path, out: Path) -> None:
     atomic_write_text(Path(out), json.dumps(metrics(summary), indent=1, sort_keys=True) + "\n")
+
+
+def run_command(a: argparse.Namespace) -> None:
+    """``bakeoff dvc-metrics SUMMARY``: results/metrics.json, DVC's metrics file."""
+    write(Path(a.summary), Path(a.out))

@@ -12,12 +12,14 @@ Reads llama-bench's own ``-o json`` output (one record per test).
 
 from __future__ import annotations
 
+import argparse
 import csv
 import json
 import statistics
 from pathlib import Path
 from typing import Any
 
+from bakeoff.errors import BakeoffError
 from bakeoff.results import published
 
 # Datasheet HBM bandwidth, GB/s, of the scoreboard's GPUs and ours (for the plausibility column).
@@ -83,3 +85,13 @@ def write_csv(rows: list[dict[str, Any]], out: Path) -> None:
         w = csv.DictWriter(f, fieldnames=COLUMNS)
         w.writeheader()
         w.writerows(rows)
+
+
+def compare_command(a: argparse.Namespace) -> None:
+    """``bakeoff llama-bench-compare``: llama-bench's JSON beside the CUDA scoreboard's rows."""
+    rows = compare(Path(a.bench_json), a.hardware)
+    if not rows:
+        raise BakeoffError(f"{a.bench_json}: no test matches a scoreboard row (pp512/tg128, -fa 0 or 1)")
+    write_csv(rows, Path(a.out))
+    for r in rows:
+        print("  ".join(str(r[c]) for c in COLUMNS[:9]))

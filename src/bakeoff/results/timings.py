@@ -7,6 +7,7 @@ which is where docs/development.md's Timings come from.
 
 from __future__ import annotations
 
+import argparse
 import csv
 from collections import defaultdict
 from pathlib import Path
@@ -50,3 +51,8 @@ def markdown(bench_dir: Path) -> str:
     lines += [f"| {r} | {n} | {w / 60:.1f} | {100 * w / total:.0f}% | {c / 60:.1f} |" for r, n, w, c in rows]
     lines.append(f"| **all benchmarked jobs** | {sum(r[1] for r in rows)} | {total / 60:.1f} | | |")
     return "\n".join(lines)
+
+
+def run_command(a: argparse.Namespace) -> None:
+    """``bakeoff timings [DIR]``: where a run spent its time, by rule (Markdown)."""
+    print(markdown(Path(a.bench_dir)))

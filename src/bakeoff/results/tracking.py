@@ -29,19 +29,19 @@ the model-development kind, which is what MLflow's own run-centric experiments c
 
 from __future__ import annotations
 
+import argparse
 import csv
 import fcntl
 import json
-import math
 import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from bakeoff.models.artifacts import atomic_write_text
 from bakeoff.errors import BakeoffError
 from bakeoff.layout import SERVER_LOG, row_cell_name, row_variant_key, variant_of
+from bakeoff.models.artifacts import atomic_write_text
 from bakeoff.results.numbers import number
 
 # summary columns that identify a cell rather than measure it (never metrics)
@@ -229,3 +229,11 @@ def log_invocation(*, summary: Path, config_json: Path, versions_json: Path, cel
               "ui_path": ui_path(exp_id), "children": children}
     atomic_write_text(Path(out), json.dumps(record, indent=2) + "\n")
     return record
+
+
+def run_command(a: argparse.Namespace) -> None:
+    """``bakeoff track``: this invocation in MLflow, a parent run and a child run per cell."""
+    rec = log_invocation(summary=Path(a.summary), config_json=Path(a.config), versions_json=Path(a.versions),
+                         cell_indexes=[Path(p) for p in a.indexes], plots=[Path(p) for p in a.plots],
+                         uri=a.uri, experiment=a.experiment, out=Path(a.out), root=Path.cwd())
+    print(f"parent run {rec['parent_run_id']} with {len(rec['children'])} cell runs in {rec['tracking_uri']}")

@@ -8,12 +8,15 @@ may not exist yet; the value then says so rather than failing the run.
 
 from __future__ import annotations
 
+import argparse
 import hashlib
 import importlib.metadata as md
 import json
 import subprocess
 from pathlib import Path
 from typing import Any
+
+from bakeoff.models.artifacts import atomic_write_text
 
 NA = "n/a"
 
@@ -146,3 +149,20 @@ def collect(root: Path, *, toolchain_manifest: Path | None = None, source_manife
     out.update(model_identity(source_manifest))
     out.update(served_versions(summary_csv))
     return out
+
+
+def run_command(a: argparse.Namespace) -> None:
+    """``bakeoff versions``: the pinned versions of this invocation (results/versions.json)."""
+    from bakeoff.composition.compose import find_conf_dir
+
+    cfg = json.loads(Path(a.config).read_text())
+    first = next(iter(cfg.values()))
+    tc = next((e["toolchain"] for e in first["config"]["engines"].values() if e.get("toolchain")), None)
+    # The git state of the workflow's source (the checkout whose conf/ this run composed), wherever results go.
+    v = collect(find_conf_dir().resolve().parent, toolchain_manifest=Path(a.toolchain) if a.toolchain else None,
+                source_manifest=Path(a.model_source) if a.model_source else None,
+                hardware_json=Path(a.hardware_json) if a.hardware_json else None,
+                config_hash=" ".join(p["config_hash"] for p in cfg.values()), toolchain_cfg=tc,
+                vllm_image=first["config"]["hardware"].get("vllm_image"),
+                summary_csv=Path(a.summary) if a.summary else None)
+    atomic_write_text(Path(a.out), json.dumps(v, indent=2, sort_keys=True) + "\n")

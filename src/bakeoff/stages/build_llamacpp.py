@@ -4,7 +4,7 @@ The build is shared: ``bin/`` holds the tools and ``lib/`` the shared libraries
 they link (``libllama``, ``libggml*``; RPATH ``$ORIGIN/../lib``), and the GGUF
 scoring server loads that same ``libllama`` through llama-cpp-python, so the
 load tests and the quality scores run the same binary code. A finished build
-is kept in the build cache outside the clone (bakeoff.stages.buildcache), keyed by
+is kept in the build cache outside the clone (bakeoff.engines.buildcache), keyed by
 everything that changes it; a fresh clone reuses it. CPU code is compiled for the instruction
 sets /proc/cpuinfo lists, never host-detected native flags (SIGILL on machines whose
 cpuid advertises AMX the kernel does not enable). CUDA builds take their
@@ -23,12 +23,13 @@ from pathlib import Path
 from typing import Any
 
 from bakeoff.config.schema import HardwareCfg, ToolchainCfg
+from bakeoff.config.stageargs import StageArgs
+from bakeoff.engines.buildcache import cache_key, restore, store, tool_identity
 from bakeoff.errors import ToolchainError
 from bakeoff.hardware.cpuflags import cpu_model_name, ggml_cmake_flags, read_cpu_flags
 from bakeoff.layout import LIBLLAMA, backend_tag
 from bakeoff.models.artifacts import staged_dir
 from bakeoff.models.manifest import verify, write_manifest
-from bakeoff.stages.buildcache import cache_key, restore, store, tool_identity
 
 CACHE_KIND = "llamacpp"
 
@@ -134,3 +135,8 @@ def build(tc: ToolchainCfg, hw: HardwareCfg, source_dir: Path, out_dir: Path, jo
         )
         store(CACHE_KIND, key, stage)
     shutil.rmtree(work, ignore_errors=True)
+
+
+def run_stage(a: StageArgs) -> None:
+    """``bakeoff stage build-llamacpp``: the fetched source (``--input``) built for ``--hardware``."""
+    build(a.spec_as(ToolchainCfg), a.hardware_cfg(), a.dir("input"), a.out_dir, jobs=a.jobs)

@@ -18,6 +18,7 @@ import sys
 from pathlib import Path
 
 from bakeoff.config.schema import HardwareCfg, ToolchainCfg
+from bakeoff.config.stageargs import StageArgs
 from bakeoff.errors import ToolchainError
 from bakeoff.layout import BINDING_SITE, LIBLLAMA, SOURCE_ARCHIVE, backend_tag
 from bakeoff.models.artifacts import staged_dir
@@ -58,3 +59,8 @@ def build(tc: ToolchainCfg, hw: HardwareCfg, source_dir: Path, toolchain_dir: Pa
                        commit=tc.commit, backend=backend_tag(hw), cmake_args=BINDING_CMAKE_ARGS,
                        lib_dir=os.path.relpath(lib.parent.resolve(), Path(out_dir).resolve()),
                        libllama_sha256=sha256_file(lib), toolchain_cache_key=tools.get("cache_key"))
+
+
+def run_stage(a: StageArgs) -> None:
+    """``bakeoff stage build-llamacpp-python``: the binding built against the toolchain's source."""
+    build(a.spec_as(ToolchainCfg), a.hardware_cfg(), a.dir("input"), a.dir("toolchain"), a.out_dir)

@@ -12,6 +12,8 @@ import shutil
 import sys
 from pathlib import Path
 
+from bakeoff.config.schema import QuantCfg
+from bakeoff.config.stageargs import StageArgs
 from bakeoff.errors import ToolchainError
 from bakeoff.layout import GGUF_NAME
 from bakeoff.models.artifacts import staged_dir
@@ -49,3 +51,9 @@ def convert(src_dir: Path, source_tree: Path, out_dir: Path, outtype: str = "f16
                   derived_from=f"{src['format']} ({src['derived_from']})",
                   tool={"name": "convert_hf_to_gguf.py", "version": f"llama.cpp@{tree_manifest['commit']}"},
                   gguf_type=outtype.upper())
+
+
+def run_stage(a: StageArgs) -> None:
+    """``bakeoff stage convert-gguf``: the 16-bit checkpoint as a GGUF, by the source tree's converter (``--tree``)."""
+    q = a.spec_as(QuantCfg)
+    convert(a.dir("input"), a.dir("tree"), a.out_dir, outtype=q.gguf_type or "F16", fmt=a.format or "f16")

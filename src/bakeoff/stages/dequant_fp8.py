@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from bakeoff.config.stageargs import StageArgs
 from bakeoff.errors import BakeoffError
 from bakeoff.models.derived import save_hf_format
 from bakeoff.models.hfmodel import drop_quantizer, strip_quant_params
@@ -32,3 +33,8 @@ def dequantize(src_dir: Path, out_dir: Path, fmt: str = "fp8-dequant") -> None:
     save_hf_format(model, tok, out_dir, src, fmt,
                    derived_from=f"{src['format']} ({src['derived_from']})",
                    tool={"name": "compressed-tensors", "version": compressed_tensors.__version__})
+
+
+def run_stage(a: StageArgs) -> None:
+    """``bakeoff stage dequant-fp8``: the FP8 checkpoint (``--input``) back to 16 bits."""
+    dequantize(a.dir("input"), a.out_dir, fmt=a.format or "fp8-dequant")

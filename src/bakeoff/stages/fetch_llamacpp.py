@@ -17,6 +17,7 @@ import tempfile
 from pathlib import Path
 
 from bakeoff.config.schema import ToolchainCfg
+from bakeoff.config.stageargs import StageArgs
 from bakeoff.errors import ToolchainError
 from bakeoff.layout import SOURCE_ARCHIVE
 from bakeoff.models.artifacts import staged_dir
@@ -59,3 +60,8 @@ def fetch(tc: ToolchainCfg, out_dir: Path) -> None:
             tar.extractall(stage, members=members, filter="data")
         write_manifest(stage, only=[SOURCE_ARCHIVE], kind="llamacpp-source", package=tc.package,
                        version=tc.version, commit=tc.commit)
+
+
+def run_stage(a: StageArgs) -> None:
+    """``bakeoff stage fetch-llamacpp``: the pinned source, from the toolchain config in ``--spec``."""
+    fetch(a.spec_as(ToolchainCfg), a.out_dir)

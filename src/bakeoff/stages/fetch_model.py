@@ -23,6 +23,7 @@ import shutil
 from pathlib import Path
 
 from bakeoff.config.schema import ModelCfg
+from bakeoff.config.stageargs import StageArgs
 from bakeoff.errors import ModelSourceError
 from bakeoff.models.artifacts import staged_dir
 from bakeoff.models.manifest import sha256_file, write_manifest
@@ -134,3 +135,8 @@ def fetch(model: ModelCfg, out_dir: Path, cache_dir: Path | None = None) -> None
         else:
             raise ModelSourceError(f"model {model.name!r}: source {model.source!r} is not fetchable")
         write_manifest(stage, kind="model-source", model=model.name, format="source", **info)
+
+
+def run_stage(a: StageArgs) -> None:
+    """``bakeoff stage fetch-model``: the model config in ``--spec``."""
+    fetch(a.spec_as(ModelCfg), a.out_dir)

@@ -19,6 +19,7 @@ import os
 import shutil
 from pathlib import Path
 
+from bakeoff.config.stageargs import StageArgs
 from bakeoff.errors import BakeoffError
 from bakeoff.layout import MANIFEST
 from bakeoff.models.artifacts import staged_dir
@@ -72,3 +73,8 @@ def make(input_dir: Path, out_dir: Path, fmt: str = "fp8-online") -> None:
                               tool={"name": "vllm", "version": "at serve time (--quantization fp8)"},
                               serve_settings=SERVE_SETTINGS, quantization=QUANTIZATION, n_params=n,
                               weight_bytes=nbytes, bits_per_weight=round(8 * nbytes / n, 4), **fields)
+
+
+def run_stage(a: StageArgs) -> None:
+    """``bakeoff stage fp8-online``: the 16-bit checkpoint (``--input``) marked for vLLM's online FP8."""
+    make(a.dir("input"), a.out_dir, fmt=a.format or "fp8-online")

@@ -17,6 +17,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from bakeoff.config.schema import DoctorCfg
+from bakeoff.config.stageargs import StageArgs
 from bakeoff.engines.base import THREAD_CAPS
 from bakeoff.engines.toolchain import toolchain_bin
 from bakeoff.hardware.doctor import DoctorError
@@ -64,3 +66,11 @@ def run(*, record: Path, model_dir: Path | None, toolchain_dir: Path | None, out
         raise DoctorError("the single-card check flags " + "; ".join(bad) + ". Drain that GPU (or pin "
                           "hardware.visible_devices to the others), or override with doctor.allow_uncorrected_ecc=true")
     return rep
+
+
+def run_stage(a: StageArgs) -> None:
+    """``bakeoff stage gpu-check``: ``--spec`` is ``{"record": results/hardware.json, "doctor": {...}}``."""
+    spec = a.spec_json()
+    run(record=Path(spec["record"]), model_dir=a.dir("input") if a.input else None,
+        toolchain_dir=a.dir("toolchain") if a.toolchain else None, out=Path(a.out),
+        allow=DoctorCfg.model_validate(spec.get("doctor", {})).allow_uncorrected_ecc)

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from bakeoff.config.schema import HardwareCfg
+from bakeoff.config.stageargs import StageArgs
 from bakeoff.engines.base import THREAD_CAPS
 from bakeoff.engines.toolchain import toolchain_bin
 from bakeoff.errors import ToolchainError
@@ -127,3 +128,9 @@ def join(rows: list[dict[str, Any]], kernel_paths: list[Path]) -> list[str]:
         except ValueError:
             r["served_over_kernel"] = None
     return list(COLUMNS)
+
+
+def run_stage(a: StageArgs) -> None:
+    """``bakeoff stage kernel-bench``: llama-bench on the GGUF (``--input``) with the server's flash attention."""
+    run(hardware=a.hardware_cfg(), model_dir=a.dir("input"), toolchain_dir=a.dir("toolchain"), fa=a.flash_attn,
+        out=Path(a.out))

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from bakeoff.config.stageargs import StageArgs
 from bakeoff.errors import ModelSourceError
 from bakeoff.models.derived import save_hf_format
 from bakeoff.models.hfmodel import drop_quantizer
@@ -62,3 +63,8 @@ def convert(source_dir: Path, out_dir: Path, fmt: str = "fp16") -> None:
     save_hf_format(model, tok, out_dir, src, fmt,
                    derived_from=src["derived_from"],
                    tool={"name": "transformers", "version": transformers.__version__})
+
+
+def run_stage(a: StageArgs) -> None:
+    """``bakeoff stage model-fp16``: the fetched checkpoint (``--input``) as 16-bit safetensors."""
+    convert(a.dir("input"), a.out_dir, fmt=a.format or "fp16")

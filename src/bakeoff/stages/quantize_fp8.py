@@ -13,6 +13,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from bakeoff.config.schema import QuantCfg
+from bakeoff.config.stageargs import StageArgs
 from bakeoff.errors import BakeoffError
 from bakeoff.models.derived import save_hf_format
 from bakeoff.models.manifest import verify
@@ -68,3 +70,9 @@ def quantize(src_dir: Path, out_dir: Path, scheme: str | dict = "FP8_DYNAMIC", i
                    derived_from=f"{src['format']} ({src['derived_from']})",
                    tool={"name": "compressed-tensors", "version": compressed_tensors.__version__},
                    quantization={"scheme": scheme, "ignore": ignore, "quantized_modules": n})
+
+
+def run_stage(a: StageArgs) -> None:
+    """``bakeoff stage quantize-fp8``: the 16-bit checkpoint quantized as ``--spec``'s format says."""
+    q = a.spec_as(QuantCfg)
+    quantize(a.dir("input"), a.out_dir, scheme=q.scheme or "FP8_DYNAMIC", ignore=q.ignore, fmt=a.format or "fp8")

@@ -7,6 +7,7 @@ JSON twin (same name, ``.json``) holds the same data for tools.
 
 from __future__ import annotations
 
+import argparse
 import json
 from pathlib import Path
 from typing import Any
@@ -32,3 +33,8 @@ def collect(paths: list[Path], out: Path) -> None:
                     lines += [f"### {v['variant']}", "", "````text", body.rstrip(), "````", ""]
     atomic_write_text(out.with_suffix(".json"), json.dumps(variants, indent=2, ensure_ascii=False) + "\n")
     atomic_write_text(out, "\n".join(lines) + "\n")
+
+
+def run_command(a: argparse.Namespace) -> None:
+    """``bakeoff samples``: the variants' sample generations side by side."""
+    collect([Path(p) for p in a.variants], Path(a.out))

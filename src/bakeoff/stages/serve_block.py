@@ -12,12 +12,14 @@ import json
 from pathlib import Path
 from typing import Any
 
+from bakeoff.config.stageargs import StageArgs
 from bakeoff.engines.session import stop_on_signals
 from bakeoff.errors import BakeoffError
+from bakeoff.hardware.doctor import ecc_gate
 from bakeoff.models.artifacts import atomic_write_text
-from bakeoff.stages.serve_job import ServeJob
-from bakeoff.stages.serve_steps import Cells, serve
-from bakeoff.stages.serve_variant import prepare
+from bakeoff.serving.job import ServeJob
+from bakeoff.serving.steps import Cells, serve
+from bakeoff.serving.variant import prepare
 
 
 def run(job: ServeJob, out: Path) -> dict[str, Any]:
@@ -34,3 +36,10 @@ def run(job: ServeJob, out: Path) -> dict[str, Any]:
              "cells": [json.loads((job.out_dir / f"{c.name}.json").read_text()) for c in p.mine]}
     atomic_write_text(out, json.dumps(index, indent=2, default=str) + "\n")
     return index
+
+
+def run_stage(a: StageArgs) -> None:
+    """``bakeoff stage serve-block``: the job from the rule's spec, after the ECC gate."""
+    job = ServeJob.from_stage_args(a)
+    ecc_gate(job.hardware, job.doctor)
+    run(job, out=Path(a.out))

@@ -26,8 +26,8 @@ Outcomes, all of them results rather than crashes:
   remaining cells).
 
 The server is always stopped -- on success, error, SIGTERM or Ctrl-C. This module
-keeps the order of events: set up (bakeoff.stages.serve_variant), the steps on the
-server (bakeoff.stages.serve_steps: cells, capacity, samples, quality), the index.
+keeps the order of events: set up (bakeoff.serving.variant), the steps on the
+server (bakeoff.serving.steps: cells, capacity, samples, quality), the index.
 """
 
 from __future__ import annotations
@@ -36,12 +36,14 @@ import json
 from pathlib import Path
 from typing import Any
 
+from bakeoff.config.stageargs import StageArgs
 from bakeoff.engines.session import stop_on_signals
+from bakeoff.hardware.doctor import ecc_gate
 from bakeoff.layout import CELLS_INDEX
-from bakeoff.stages.measure_cell import write_json
-from bakeoff.stages.serve_job import ServeJob
-from bakeoff.stages.serve_steps import Capacity, Cells, Quality, Samples, serve
-from bakeoff.stages.serve_variant import Prepared, prepare
+from bakeoff.serving.job import ServeJob
+from bakeoff.serving.measure import write_json
+from bakeoff.serving.steps import Capacity, Cells, Quality, Samples, serve
+from bakeoff.serving.variant import Prepared, prepare
 
 __all__ = ["ServeJob", "run"]
 
@@ -70,3 +72,10 @@ def index(p: Prepared, capacity: dict[str, Any], out: Path | None = None) -> dic
            "capacity": [{**r, **stamp} for r in capacity.get("capacity", [])]}
     write_json(out or job.out_dir / CELLS_INDEX, idx)
     return idx
+
+
+def run_stage(a: StageArgs) -> None:
+    """``bakeoff stage serve-load``: the job from the rule's spec, after the ECC gate."""
+    job = ServeJob.from_stage_args(a)
+    ecc_gate(job.hardware, job.doctor)
+    run(job, out=Path(a.out))

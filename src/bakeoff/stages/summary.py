@@ -10,6 +10,7 @@ file + rename) so a reader never sees half a CSV.
 
 from __future__ import annotations
 
+import argparse
 import csv
 import io
 import json
@@ -48,7 +49,7 @@ COLUMNS = [
     *WORKLOAD_COLUMNS, "prefix_caching", *PREFIX_CACHE_COLUMNS,
     *QUALITY_COLUMNS,
 ]
-# results/capacity.csv: one row per variant, prompt length and SLO (bakeoff.stages.serve_capacity).
+# results/capacity.csv: one row per variant, prompt length and SLO (bakeoff.serving.capacity).
 CAPACITY_COLUMNS = [
     "schema_version", "experiment", "model", "engine", "format", "hardware", "node_id", "prompt_len", "output_len",
     "slo", "slo_ttft_ms", "slo_tpot_ms", "capacity_verdict_rule",
@@ -124,3 +125,30 @@ def write_csv(path: Path, records: list[dict], columns: list[str] = COLUMNS) -> 
     w.writeheader()
     w.writerows(records)
     atomic_write_text(Path(path), buf.getvalue())
+
+
+def run_command(a: argparse.Namespace) -> None:
+    """``bakeoff summary``: results/summary.csv from the variants' indexes, with the columns each input adds."""
+    from bakeoff.results import spread  # spread across repeats, and each difference's verdict
+    from bakeoff.results.derived import extend
+    from bakeoff.stages.kernel_bench import join
+
+    # Each experiment's current config hash: per sweep point where the points file is given, else the one hash.
+    points = json.loads(Path(a.points).read_text()) if a.points else {}
+    expected = ({name: p["config_hash"] for name, p in points.items()} if points else
+                {json.loads(Path(p).read_text())["variant"]["experiment"]: a.config_hash for p in a.indexes})
+    if a.served_config_hash:  # a record served under an earlier config: its rows as they are, still one config
+        expected = dict.fromkeys(expected, a.served_config_hash)
+    records = rows([Path(p) for p in a.indexes], expected)
+    columns = list(COLUMNS)
+    if a.kernel:  # llama-bench beside the served rows (bakeoff.stages.kernel_bench)
+        columns += [c for c in join(records, [Path(p) for p in a.kernel]) if c not in columns]
+    if a.points:  # sweep axes, roofline and published ratios (bakeoff.results.derived)
+        facts = json.loads(Path(a.hardware).read_text()) if a.hardware else None
+        columns += [c for c in extend(records, points, Path(a.published) if a.published else None, facts)
+                    if c not in columns]
+    margins = spread.margins_of(points) if points else None  # answer.equivalence_margin_pct per experiment
+    columns += [c for c in spread.extend(records, margins) if c not in columns]
+    write_csv(Path(a.out), records, columns)
+    if a.capacity_out:
+        write_csv(Path(a.capacity_out), capacity_rows([Path(p) for p in a.indexes]), CAPACITY_COLUMNS)

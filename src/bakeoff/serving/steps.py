@@ -28,9 +28,9 @@ from bakeoff.models.artifacts import restore_kept, write_kept
 from bakeoff.quality import lmeval
 from bakeoff.quality.plan import QualityPlan
 from bakeoff.quality.samples import generate, made_with, samples_hash
-from bakeoff.stages import serve_capacity
-from bakeoff.stages.measure_cell import measure, write_json
-from bakeoff.stages.serve_variant import Prepared
+from bakeoff.serving import capacity
+from bakeoff.serving.measure import measure, write_json
+from bakeoff.serving.variant import Prepared
 
 
 @dataclass
@@ -150,7 +150,7 @@ class Cells:
 
 @dataclass
 class Capacity:
-    """The capacity searches (bakeoff.stages.serve_capacity), seeded by the variant's fixed cells; only where the
+    """The capacity searches (bakeoff.serving.capacity), seeded by the variant's fixed cells; only where the
     load asks for them (``load.mode: capacity``) and on the last block."""
 
     p: Prepared
@@ -159,12 +159,12 @@ class Capacity:
     result: dict[str, Any] | None = None  # {"capacity": rows, "probes": records}, kept or made
 
     def digest(self) -> str:
-        return serve_capacity.capacity_hash(self.p.base["spec_hash"], self.p.load)
+        return capacity.capacity_hash(self.p.base["spec_hash"], self.p.load)
 
     def kept(self) -> bool:
         if self.p.load.mode != "capacity" or not self.p.last_block:
             return True
-        self.result = serve_capacity.reused(self.p.job.out_dir, self.digest())
+        self.result = capacity.reused(self.p.job.out_dir, self.digest())
         return self.result is not None
 
     def run(self, server: LoadServer) -> None:
@@ -172,8 +172,8 @@ class Capacity:
             return
         out_dir = self.p.job.out_dir
         fixed = [json.loads(f.read_text()) for c in self.p.cells if (f := out_dir / f"{c.name}.json").exists()]
-        self.result = serve_capacity.run(self.p.job, server.session, self.p.base, self.p.load, self.p.tokenizer, fixed)
-        serve_capacity.write(out_dir, self.digest(), self.result)
+        self.result = capacity.run(self.p.job, server.session, self.p.base, self.p.load, self.p.tokenizer, fixed)
+        capacity.write(out_dir, self.digest(), self.result)
 
 
 @dataclass

@@ -1,6 +1,6 @@
 """A payload too large for one call to the GPU node, carried in parts and installed there once all have come.
 
-Why: a call to the lent node carries at most 64 MiB, but what one call leaves
+Why: a call to the GPU node carries at most 64 MiB, but what one call leaves
 in ``/tmp`` stays while the node is warm. So a payload (vLLM's wheel and the
 wheels it needs) is split here into parts of a set size, each with its
 sha256, under one manifest; each warm call carries one part, and the node

@@ -1,11 +1,11 @@
 """vLLM for a GPU node without network: its wheel, trimmed, and the wheels it needs that the node lacks, in parts.
 
-Why: the lent H200 has torch, triton and transformers but no vLLM and no
+Why: the GPU node has torch, triton and transformers but no vLLM and no
 network, and a call carries at most 64 MiB. vLLM 0.24.0 pins the node's
 torch 2.11.0 (a CUDA 13 build, like the node's), so its wheel runs there once
 carried; it is 279 MB, so what Hopper never loads is left out of it
 (:data:`TRIM`, each pattern with its reason) and the rest travels as parts
-(:mod:`bakeoff.stages.node_parts`).
+(:mod:`bakeoff.node.parts`).
 
 Three steps, all on the submit host:
 
@@ -40,12 +40,12 @@ from pathlib import Path
 
 from bakeoff.errors import BakeoffError
 from bakeoff.layout import NODE_VLLM_SITE
-from bakeoff.stages import node_parts
+from bakeoff.node import parts as node_parts
 
 MIB = 1 << 20
-CALL_LIMIT = 64 * MIB  # what one call to the lent node carries: working tree + carried paths
+CALL_LIMIT = 64 * MIB  # what one call to the GPU node carries: working tree + carried paths
 DEFAULT_PART_MIB = 55
-# The node: the Python and platform pip downloads for (the lent H200's python3 is CPython 3.12.3, x86-64).
+# The node: the Python and platform pip downloads for (its python3 is CPython 3.12.3, x86-64).
 PYTHON_VERSION = "3.12"
 PLATFORMS = ("manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64",
              "manylinux1_x86_64", "manylinux_2_31_x86_64", "manylinux_2_34_x86_64", "manylinux_2_35_x86_64")
@@ -299,7 +299,7 @@ def default_part_bytes(repo: Path, extra_bytes: int = 0) -> tuple[int, str]:
     Every call sends the working tree (tracked and untracked-not-ignored files, and shared/) plus what it carries; a part
     call also carries ``node.sh``, ``node_parts.py`` and the manifest (``extra_bytes``), and 1 MiB is kept spare.
     """
-    from bakeoff.stages.node import checkout_files
+    from bakeoff.node.bundle import checkout_files
 
     files = {repo / n for n in checkout_files(repo)} | {p for p in (repo / "shared").rglob("*") if p.is_file()}
     tree = sum(p.stat().st_size for p in files)  # shared/ travels too, ignored or not
@@ -319,7 +319,7 @@ def pack_vllm(*, version: str, wheels: Path, out: Path, part_bytes: int, part_by
               mismatch_ok: dict[str, str] | None = None) -> dict:
     """Write ``out``: parts of (trimmed vLLM wheel + missing dependencies), ``manifest.json``, ``node.sh`` and
     ``node_parts.py``. ``wheels`` is the download cache (outside the checkout); returns the manifest."""
-    from bakeoff.stages.node import NODE_SH
+    from bakeoff.node.bundle import NODE_SH
 
     closure = collect_wheels(f"vllm=={version}", wheels, node=node, not_carried=not_carried, fetch=fetch,
                              mismatch_ok=mismatch_ok)

@@ -6,11 +6,13 @@ parsing the spec in one place keeps the three from drifting.
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from bakeoff.config.schema import DoctorCfg, EngineCfg, EvalCfg, HardwareCfg, LoadCfg
+from bakeoff.config.stageargs import StageArgs
 from bakeoff.loadgen.sizing import ClientSizer
 
 
@@ -55,6 +57,15 @@ class ServeJob:
             return None
         self.slots_warmed.add(start)
         return slots
+
+    @classmethod
+    def from_stage_args(cls, a: StageArgs) -> ServeJob:
+        """The job of a ``serve-load`` or ``serve-block`` rule: its spec, artifacts and output folder."""
+        return cls.from_spec(a.spec_json(), fmt=str(a.format), model_dir=a.dir("input"),
+                             tokenizer_dir=a.dir("tokenizer"), out_dir=Path(a.out).parent,
+                             toolchain_dir=a.dir("toolchain") if a.toolchain else None,
+                             eval_toolchain_dir=a.dir("eval_toolchain") if a.eval_toolchain else None,
+                             show_progress=sys.stderr.isatty(), launcher_pid=a.watch_pid)
 
     @classmethod
     def from_spec(cls, spec: dict[str, Any], *, fmt: str, model_dir: Path, tokenizer_dir: Path, out_dir: Path,

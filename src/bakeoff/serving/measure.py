@@ -1,7 +1,7 @@
 """Measure one load cell on a running server: the client's requests, the server's metrics, the node's telemetry.
 
 Why its own module: the fixed cells (bakeoff.stages.serve_load) and the capacity probes
-(bakeoff.stages.serve_capacity) are measured the same way and recorded with the same fields, so a probe
+(bakeoff.serving.capacity) are measured the same way and recorded with the same fields, so a probe
 row reads like any cell row.
 """
 
@@ -28,7 +28,7 @@ from bakeoff.loadgen.prompts import make_prompts
 from bakeoff.loadgen.runner import run_cell
 from bakeoff.loadgen.workers import available_cores
 from bakeoff.models.artifacts import atomic_write_text
-from bakeoff.stages.serve_job import ServeJob
+from bakeoff.serving.job import ServeJob
 
 # A cell whose steady-state throughput and vLLM-defined throughput differ by more than this says so.
 STEADY_GAP = 0.05

@@ -2,7 +2,7 @@
 the cell records' common fields and the variant's cells.
 
 Why its own module: the last block's job (bakeoff.stages.serve_load) and an earlier block's
-(bakeoff.stages.serve_block) set up the same way, and every step of bakeoff.stages.serve_steps reads what this
+(bakeoff.stages.serve_block) set up the same way, and every step of bakeoff.serving.steps reads what this
 builds; nothing here starts a server.
 """
 
@@ -17,8 +17,8 @@ from bakeoff.engines.session import Session
 from bakeoff.layout import SERVER_LOG, variant_name
 from bakeoff.loadgen.cells import Cell, cell_spec_hash, cells_of, check_load_before_start
 from bakeoff.models.manifest import verify
-from bakeoff.stages import serve_capacity
-from bakeoff.stages.serve_job import ServeJob
+from bakeoff.serving import capacity
+from bakeoff.serving.job import ServeJob
 
 
 @dataclass
@@ -33,7 +33,7 @@ class Prepared:
     base: dict[str, Any]
     cells: list[Cell]  # every cell of the variant, all blocks
     mine: list[Cell]  # this job's block's (all of them when the job has no block)
-    job: ServeJob  # the job, its llama.cpp slots sized for a capacity search (serve_capacity.sized_engine)
+    job: ServeJob  # the job, its llama.cpp slots sized for a capacity search (capacity.sized_engine)
 
     @property
     def variant(self) -> str:
@@ -57,7 +57,7 @@ def prepare(job: ServeJob) -> Prepared:
     out_dir.mkdir(parents=True, exist_ok=True)
     tokenizer = AutoTokenizer.from_pretrained(job.tokenizer_dir)
     variant = variant_name(job.engine_name, fmt)
-    engine_cfg, parallel_set_by = serve_capacity.sized_engine(job, load)
+    engine_cfg, parallel_set_by = capacity.sized_engine(job, load)
     spec = ServerSpec(engine=engine_cfg, hardware=job.hardware, model_dir=job.model_dir, served_name=job.model,
                       log_path=out_dir / SERVER_LOG, toolchain_dir=job.toolchain_dir,
                       job_name=f"{job.experiment}-{job.model}-{variant}")

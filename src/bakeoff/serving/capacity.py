@@ -34,9 +34,8 @@ from bakeoff.loadgen.capacity import (
 from bakeoff.loadgen.cells import Cell, stable_seed
 from bakeoff.loadgen.metrics import PEAK_IN_FLIGHT
 from bakeoff.models.artifacts import atomic_write_text, read_kept, restore_kept, write_kept
-from bakeoff.models.weights import gguf_kv_bytes_per_token
-from bakeoff.stages.measure_cell import measure
-from bakeoff.stages.serve_job import ServeJob
+from bakeoff.serving.job import ServeJob
+from bakeoff.serving.measure import measure
 
 # What a capacity row reads from the probe at capacity.
 AT_CAPACITY = ("output_throughput", "request_goodput", "joules_per_output_token", "p99_ttft_ms", "p99_tpot_ms",
@@ -50,32 +49,18 @@ def capacity_hash(spec_hash: str, load: LoadCfg) -> str:
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
-# Of the GPU memory the hardware config states, what llama.cpp's weights and compute buffers leave to its KV
-# cache is at most this share (llama.cpp allocates the whole cache at start: too large a cache fails the start).
-KV_MEMORY_SHARE = 0.85
-COMPUTE_RESERVE_BYTES = 2 * 1024**3
-
-
 def sized_engine(job: ServeJob, load: LoadCfg) -> tuple[EngineCfg, str]:
-    """The job's engine config with llama.cpp's slots sized for the capacity search, and what set their number.
-
-    In capacity mode, llama-server gets at least ``max_concurrency`` slots, each holding the longest prompt the
-    server will see plus the output (``ctx_size`` scaled to match), within the KV memory the hardware config's
-    GPUs leave after the weights; on CPU memory does not bound it. Other engines, and fixed mode: unchanged.
-    """
-    engine = get_engine(job.engine_cfg.plugin)
-    sizer = getattr(engine, "sized_for_search", None)
-    if load.mode != "capacity" or sizer is None:
+    """The job's engine config sized for the capacity search by its engine (llama.cpp's slots: at least
+    ``max_concurrency``, each holding the longest prompt the server will see plus the output), and what set the
+    size. Other engines, and fixed mode: unchanged."""
+    if load.mode != "capacity":
         return job.engine_cfg, ""
     slot_tokens = max([*load.prompt_len, *(load.capacity.prompt_len or [])]) + load.output_len + 1
-    free: float | None = None
-    kv: int | None = None
-    hw = job.hardware
-    if hw.backend == "cuda" and hw.gpu_memory_gb:
-        weights = sum(f.stat().st_size for f in job.model_dir.glob("*.gguf"))
-        free = KV_MEMORY_SHARE * hw.gpu_memory_gb * 1e9 * max(1, hw.gpus) - weights - COMPUTE_RESERVE_BYTES
-        kv = next((b for f in sorted(job.model_dir.glob("*.gguf")) if (b := gguf_kv_bytes_per_token(f))), None)
-    settings, why = sizer(job.engine_cfg.settings, load.capacity.max_concurrency, slot_tokens, kv, free)
+    sized = get_engine(job.engine_cfg.plugin).sized_for_capacity(
+        job.engine_cfg.settings, load.capacity.max_concurrency, slot_tokens, job.model_dir, job.hardware)
+    if sized is None:
+        return job.engine_cfg, ""
+    settings, why = sized
     return job.engine_cfg.model_copy(update={"settings": settings}), why
 
 

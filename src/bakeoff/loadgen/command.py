@@ -1,0 +1,36 @@
+"""``bakeoff load``: one load cell against any OpenAI-compatible server, with the pipeline's client and metrics.
+
+Why: the same client and metric definitions as every cell of an experiment, for a server bakeoff did not
+start (a comparison with another tool's client, a quick check of a running deployment).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from bakeoff.errors import BakeoffError
+from bakeoff.loadgen.metrics import summarize
+from bakeoff.loadgen.prompts import make_prompts
+from bakeoff.loadgen.runner import run_cell
+
+
+def run_command(a: argparse.Namespace) -> None:
+    from transformers import AutoTokenizer  # slow to import: only this command needs it
+
+    if a.concurrency < 1:
+        raise BakeoffError(f"--concurrency must be >= 1, got {a.concurrency}")
+    if a.prompt_len < 4 or a.output_len < 1 or a.num_requests < 1:
+        raise BakeoffError("--prompt-len must be >= 4, --output-len and --num-requests >= 1")
+    tok = AutoTokenizer.from_pretrained(a.tokenizer or a.model)
+    prompts = make_prompts(tok, a.prompt_len, a.num_requests + a.warmup, seed=a.seed)
+    res = run_cell(base_url=a.url, model=a.model, prompts=prompts[a.warmup:], prompt_len=a.prompt_len,
+                   output_len=a.output_len, concurrency=a.concurrency, request_rate=a.request_rate,
+                   warmup_prompts=prompts[:a.warmup], api_key=a.api_key, seed=a.seed,
+                   count_tokens=lambda t: len(tok.encode(t, add_special_tokens=False)), label="load")
+    metrics = {**summarize(res.records, res.duration_s), **res.client}
+    if a.records:
+        with open(a.records, "w") as f:
+            for r in res.records:
+                f.write(json.dumps(r.to_json()) + "\n")
+    print(json.dumps(metrics, indent=2))
