@@ -22,6 +22,7 @@ import time
 
 import psutil
 
+from bakeoff.loadgen.cellload import CellLoad
 from bakeoff.loadgen.echo_server import own_process
 from bakeoff.loadgen.metrics import summarize
 from bakeoff.loadgen.runner import run_cell
@@ -43,9 +44,9 @@ def main() -> None:
         for w, c in ((w, c) for w in a.workers for c in a.concurrency):
             n = max(8, a.requests_per_concurrency * c)
             s0, t0 = sum(proc.cpu_times()[:2]), time.perf_counter()
-            res = run_cell(base_url=url, model="m", prompts=[f"prompt {i}" for i in range(n)], prompt_len=2,
-                           output_len=a.output_len, concurrency=c, warmup_prompts=["w"] * min(c, 8),
-                           show_progress=False, workers=w)
+            load = CellLoad([f"prompt {i}" for i in range(n)], prompt_len=2, output_len=a.output_len, concurrency=c,
+                            warmup_prompts=["w"] * min(c, 8))
+            res = run_cell(url, "m", load, show_progress=False, workers=w)
             server_share = (sum(proc.cpu_times()[:2]) - s0) / (time.perf_counter() - t0)  # warm-up included
             m = {**summarize(res.records, res.duration_s), **res.client}
             excess = 100.0 * (m["median_tpot_ms"] / a.token_delay_ms - 1.0) if a.token_delay_ms else float("nan")

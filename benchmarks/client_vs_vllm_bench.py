@@ -99,12 +99,13 @@ async def run_vllm_bench(base_url: str, model: str, tok, prompts: list[str], pro
 
 async def run_bakeoff(base_url: str, model: str, prompts: list[str], prompt_len: int, output_len: int,
                       concurrency: int, workers: int = 1) -> dict:
+    from bakeoff.loadgen.cellload import CellLoad
     from bakeoff.loadgen.metrics import summarize
     from bakeoff.loadgen.runner import run_cell_async
 
     c0 = cpu_s()
-    res = await run_cell_async(base_url=base_url, model=model, prompts=prompts, prompt_len=prompt_len,
-                               output_len=output_len, concurrency=concurrency, show_progress=False, workers=workers)
+    load = CellLoad(prompts, prompt_len=prompt_len, output_len=output_len, concurrency=concurrency)
+    res = await run_cell_async(base_url, model, load, show_progress=False, workers=workers)
     cpu = cpu_s() - c0
     m = summarize(res.records, res.duration_s)
     return {"output_throughput": m["output_throughput"], "median_ttft_ms": m["median_ttft_ms"],

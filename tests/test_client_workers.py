@@ -15,6 +15,7 @@ from aiohttp import web
 
 from bakeoff.engines.llamacpp import LlamaCppEngine
 from bakeoff.loadgen import sizing
+from bakeoff.loadgen.cellload import CellLoad
 from bakeoff.loadgen.echo_server import serving
 from bakeoff.loadgen.metrics import RequestRecord, summarize
 from bakeoff.loadgen.runner import plans, run_cell, schedule
@@ -70,7 +71,7 @@ def test_the_open_loop_schedule_is_the_same_with_one_and_four_workers() -> None:
     four = sorted(x for part in deal(offsets, 4) for x in part)
     assert one == four == list(enumerate(offsets))
     for w in (1, 4):  # the workers' plans carry that one schedule, dealt round-robin
-        ps = plans("u", "m", ["p"] * 50, 2, 8, 50, w, request_rate=20.0, seed=7)
+        ps = plans("u", "m", CellLoad(["p"] * 50, 2, 8, 50, request_rate=20.0, seed=7), w)
         assert sorted(x for p in ps for x in (p.schedule or [])) == list(enumerate(offsets))
         assert [len(p.schedule or []) for p in ps] == [len(range(k, 50, w)) for k in range(w)]
 
@@ -80,8 +81,8 @@ def test_the_closed_loop_keeps_exactly_c_in_flight_and_merges_into_one_cell(echo
                                                                             workers: int) -> None:
     url, counter = echo
     c, n = 8, 40
-    res = run_cell(base_url=url, model="m", prompts=[f"p {i}" for i in range(n)], prompt_len=2, output_len=16,
-                   concurrency=c, warmup_prompts=["w"] * c, show_progress=False, workers=workers)
+    res = run_cell(url, "m", CellLoad([f"p {i}" for i in range(n)], prompt_len=2, output_len=16, concurrency=c,
+                                      warmup_prompts=["w"] * c), show_progress=False, workers=workers)
     assert res.client["client_workers"] == workers
     assert counter.peak == c  # the server never saw more than c at once (warm-ups included) ...
     m = summarize(res.records, res.duration_s, concurrency=c)
@@ -108,8 +109,8 @@ def test_the_closed_loop_keeps_exactly_c_in_flight_and_merges_into_one_cell(echo
 def test_the_open_loop_sends_each_request_at_its_scheduled_time_on_the_shared_clock(echo: tuple[str, Counter]) -> None:
     url, _ = echo
     n, rate = 30, 40.0
-    res = run_cell(base_url=url, model="m", prompts=[f"p {i}" for i in range(n)], prompt_len=2, output_len=4,
-                   concurrency=n, request_rate=rate, seed=3, show_progress=False, workers=3)
+    res = run_cell(url, "m", CellLoad([f"p {i}" for i in range(n)], prompt_len=2, output_len=4, concurrency=n,
+                                      request_rate=rate, seed=3), show_progress=False, workers=3)
     offsets = schedule(rate, n, seed=3)
     assert sorted(r.index for r in res.records) == list(range(n))
     for r in res.records:
@@ -129,8 +130,8 @@ def test_an_early_stop_seen_by_the_caller_stops_every_worker(echo: tuple[str, Co
         seen.append(record.index)
         return len(seen) >= 5
 
-    res = run_cell(base_url=url, model="m", prompts=[f"p {i}" for i in range(200)], prompt_len=2, output_len=8,
-                   concurrency=4, show_progress=False, workers=2, stop_when=stop)
+    res = run_cell(url, "m", CellLoad([f"p {i}" for i in range(200)], prompt_len=2, output_len=8, concurrency=4),
+                   show_progress=False, workers=2, stop_when=stop)
     assert res.client["stopped_early"] and 5 <= len(res.records) < 40
 
 
@@ -140,8 +141,8 @@ def test_two_workers_against_the_echo_server_give_a_complete_cell_with_each_work
     import json
 
     url, _ = echo
-    res = run_cell(base_url=url, model="m", prompts=[f"p {i}" for i in range(64)], prompt_len=2, output_len=32,
-                   concurrency=16, warmup_prompts=["w"] * 16, show_progress=False, workers=2)
+    res = run_cell(url, "m", CellLoad([f"p {i}" for i in range(64)], prompt_len=2, output_len=32, concurrency=16,
+                                      warmup_prompts=["w"] * 16), show_progress=False, workers=2)
     assert len(res.records) == 64 and all(r.success for r in res.records)
     per_worker = json.loads(res.client["client_worker_health"])
     assert [h["worker"] for h in per_worker] == [0, 1] and sum(h["requests"] for h in per_worker) == 64

@@ -18,6 +18,7 @@ from transformers import AutoTokenizer
 
 from bakeoff.config.schema import EngineCfg, HardwareCfg
 from bakeoff.engines import ServerSpec, get_engine
+from bakeoff.loadgen.cellload import CellLoad
 from bakeoff.loadgen.metrics import summarize
 from bakeoff.loadgen.prompts import make_prompts
 from bakeoff.loadgen.runner import run_cell
@@ -72,8 +73,9 @@ def server(cpu_toolchain: Path, tiny_model: Path, tmp_path: Path, request: pytes
 
 def _cell(engine, tokenizer, concurrency: int, n: int, output_len: int, scraper: MetricsScraper | None = None):
     prompts = make_prompts(tokenizer, 32, n + 1, seed=concurrency, tag=f"c{concurrency}-")
-    res = run_cell(base_url=engine.base_url, model="tiny", prompts=prompts[1:], prompt_len=32, output_len=output_len,
-                   concurrency=concurrency, warmup_prompts=prompts[:1], show_progress=False,
+    res = run_cell(engine.base_url, "tiny", CellLoad(prompts[1:], prompt_len=32, output_len=output_len,
+                                                     concurrency=concurrency, warmup_prompts=prompts[:1]),
+                   show_progress=False,
                    on_measure_start=scraper.start if scraper else None, on_measure_end=scraper.stop if scraper else None)
     return res, summarize(res.records, res.duration_s)
 

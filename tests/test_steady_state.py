@@ -14,6 +14,7 @@ from aiohttp import web
 
 from bakeoff.config.schema import LoadCfg
 from bakeoff.loadgen import echo_server
+from bakeoff.loadgen.cellload import CellLoad
 from bakeoff.loadgen.cells import cell_note, requests_for, warmup_for
 from bakeoff.loadgen.metrics import RequestRecord, steady_state, summarize
 from bakeoff.loadgen.runner import run_cell
@@ -91,8 +92,8 @@ def test_the_runner_sends_the_warm_up_at_the_cells_concurrency_before_any_measur
                 state["warm_done"] += warm
 
     with echo_server.serving(token_delay_s=0.01, middlewares=[count]) as url:
-        res = run_cell(base_url=url, model="m", prompts=[f"measured {i}" for i in range(8)], prompt_len=4,
-                       output_len=8, concurrency=4, warmup_prompts=[f"warm {i}" for i in range(4)],
+        res = run_cell(url, "m", CellLoad([f"measured {i}" for i in range(8)], prompt_len=4, output_len=8,
+                                          concurrency=4, warmup_prompts=[f"warm {i}" for i in range(4)]),
                        show_progress=False)
     assert all(r.success for r in res.records)
     assert state["peak_warm"] == 4

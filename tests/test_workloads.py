@@ -22,11 +22,11 @@ from bakeoff.composition.compose import load_config
 from bakeoff.config.schema import LoadCfg
 from bakeoff.errors import BakeoffError
 from bakeoff.loadgen import sessions, trace, workload
+from bakeoff.loadgen.cellload import CellLoad, Sessions
 from bakeoff.loadgen.cells import cell_spec_hash, requests_for
 from bakeoff.loadgen.echo_server import serving
 from bakeoff.loadgen.prefix_cache import PrefixCacheCounters
 from bakeoff.loadgen.runner import run_cell
-from bakeoff.loadgen.workers import Sessions
 
 from conftest import ROOT
 
@@ -107,8 +107,9 @@ def test_the_replay_keeps_the_order_and_the_scaled_gaps(echo: tuple[str, Arrival
     prompts = [trace.prompt_ids(r, 16, VOCAB, seed=1) for r in rows]
     scale = 0.5
     t_start = time.perf_counter()
-    res = run_cell(url, "m", prompts, 16, 4, concurrency=1, offsets=trace.offsets(rows, scale),
-                   prompt_lens=[r.input_length for r in rows], output_lens=[2 + i for i in range(len(rows))],
+    res = run_cell(url, "m", CellLoad(prompts, 16, 4, concurrency=1, offsets=trace.offsets(rows, scale),
+                                      prompt_lens=[r.input_length for r in rows],
+                                      output_lens=[2 + i for i in range(len(rows))]),
                    show_progress=False, workers=2)
     # The server saw them in the trace's order (requests of one timestamp, a burst, in any order among themselves).
     seen = [tuple(p) for _, p in sorted(arrivals.seen)]
@@ -158,8 +159,8 @@ def test_a_sessions_prompts_grow_by_exactly_the_previous_turn_and_the_new_text(e
     url, arrivals = echo
     turns, count = 3, 4
     new = [f"<s{s}t{k}> new text {s}.{k}" for s in range(count) for k in range(turns)]
-    res = run_cell(url, "m", new, 8, 5, concurrency=2, workers=2, show_progress=False,
-                   sessions=Sessions(turns, [0.01] * len(new)))
+    res = run_cell(url, "m", CellLoad(new, 8, 5, concurrency=2, sessions=Sessions(turns, [0.01] * len(new))),
+                   workers=2, show_progress=False)
     assert len(res.records) == count * turns and all(r.success for r in res.records)
     got = {p for _, p in arrivals.seen}
     answer = " t" * 5  # the echo server's answer to max_tokens=5
@@ -176,7 +177,8 @@ def test_a_sessions_prompts_grow_by_exactly_the_previous_turn_and_the_new_text(e
 def test_think_time_separates_a_sessions_turns(echo: tuple[str, Arrivals]) -> None:
     url, arrivals = echo
     new = [f"<t{k}>" for k in range(3)]
-    res = run_cell(url, "m", new, 8, 2, concurrency=1, show_progress=False, sessions=Sessions(3, [0.2, 0.2, 0.2]))
+    res = run_cell(url, "m", CellLoad(new, 8, 2, concurrency=1, sessions=Sessions(3, [0.2, 0.2, 0.2])),
+                   show_progress=False)
     recs = sorted(res.records, key=lambda r: r.index)
     for a, b in zip(recs, recs[1:], strict=False):
         assert b.start - a.done == pytest.approx(0.2, abs=0.03)  # sent a think time after the answer ended

@@ -41,7 +41,7 @@ TOKEN_CHUNK = re.compile(rb'"choices"\s*:\s*\[\s*\{')
 STALE_CONNECTION = (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError)
 
 
-def payload(model: str, prompt: str, output_len: int, temperature: float = 0.0) -> dict[str, Any]:
+def payload(model: str, prompt: str | list[int], output_len: int, temperature: float = 0.0) -> dict[str, Any]:
     return {
         "model": model,
         "prompt": prompt,
@@ -137,9 +137,10 @@ async def send(
     session: aiohttp.ClientSession,
     url: str,
     model: str,
-    prompt: str,
+    prompt: str | list[int],
     record: RequestRecord,
     t0: float,
+    *,
     temperature: float = 0.0,
     headers: dict[str, str] | None = None,
     count_tokens: Callable[[str], int] | None = None,

@@ -9,6 +9,7 @@ saturated client cannot pass for a slow server.
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -17,10 +18,11 @@ import numpy as np
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from bakeoff.loadgen.cellload import CellLoad
 from bakeoff.loadgen.client import finish_deferred
 from bakeoff.loadgen.health import cell_health
 from bakeoff.loadgen.metrics import RequestRecord
-from bakeoff.loadgen.workers import Plan, Sessions, deal, run_local, run_processes, split
+from bakeoff.loadgen.workers import Plan, deal, run_local, run_processes, split
 
 
 @dataclass
@@ -47,47 +49,34 @@ def worker_count(workers: int, concurrency: int, n: int, open_loop: bool) -> int
     return max(1, min(workers, n, n if open_loop else concurrency))
 
 
-def plans(url: str, model: str, prompts: list[str], prompt_len: int, output_len: int, concurrency: int,
-          workers: int, request_rate: float | None = None, seed: int = 0, warmup_prompts: list[str] | None = None,
-          warmup_concurrency: int | None = None, temperature: float = 0.0,
-          headers: dict[str, str] | None = None, timeout_s: float = 600.0, offsets: list[float] | None = None,
-          prompt_lens: list[int] | None = None, output_lens: list[int] | None = None,
-          sessions: Sessions | None = None) -> list[Plan]:
-    """Each worker's part of the cell (bakeoff.loadgen.workers states the split).
+def plans(url: str, model: str, load: CellLoad, workers: int, headers: dict[str, str] | None = None) -> list[Plan]:
+    """Each worker's part of the cell (bakeoff.loadgen.workers states the split); each carries the ``load``.
 
-    ``offsets``: each request's send time from the cell's start (an open loop on a given schedule, a trace's,
-    instead of Poisson arrivals); ``sessions``: closed-loop multi-turn sessions over the prompts (the shared
-    counter then hands out sessions)."""
-    n = len(prompts) // sessions.turns if sessions is not None else len(prompts)
-    open_loop = request_rate is not None or offsets is not None
-    w = worker_count(workers, concurrency, n, open_loop)
-    warm = warmup_prompts or []
-    warm_slots = split(max(concurrency, warmup_concurrency or 0, w), w)
-    slots = split(concurrency, w) if not open_loop else [0] * w
-    if offsets is not None:
-        dealt: list[list[tuple[int, float]] | None] = list(deal(offsets, w))
+    An open loop's schedule is ``load.offsets`` where given (a trace's), else Poisson arrivals at
+    ``load.request_rate`` drawn from ``load.seed``, dealt round-robin; a closed loop's concurrency is split.
+    Multi-turn sessions are handed out by the shared counter as a closed loop's requests are."""
+    n = load.requests
+    w = worker_count(workers, load.concurrency, n, load.open_loop)
+    warm = load.warmup_prompts or []
+    warm_slots = split(max(load.concurrency, load.warmup_concurrency or 0, w), w)
+    slots = split(load.concurrency, w) if not load.open_loop else [0] * w
+    dealt: list[list[tuple[int, float]] | None]
+    if load.offsets is not None:
+        dealt = list(deal(load.offsets, w))
+    elif load.request_rate is not None:
+        dealt = list(deal(schedule(load.request_rate, n, load.seed), w))
     else:
-        dealt = list(deal(schedule(request_rate, n, seed), w)) if request_rate is not None else [None] * w
-    return [Plan(worker=k, url=url, model=model, prompts=prompts, prompt_len=prompt_len, output_len=output_len,
-                 slots=slots[k], schedule=dealt[k], warm=warm[k::w], warm_slots=warm_slots[k],
-                 temperature=temperature, headers=headers, timeout_s=timeout_s, prompt_lens=prompt_lens,
-                 output_lens=output_lens, sessions=sessions) for k in range(w)]
+        dealt = [None] * w
+    return [Plan(worker=k, url=url, model=model, load=load, headers=headers, slots=slots[k], schedule=dealt[k],
+                 warm=warm[k::w], warm_slots=warm_slots[k]) for k in range(w)]
 
 
 def run_cell(
     base_url: str,
     model: str,
-    prompts: list[str],
-    prompt_len: int,
-    output_len: int,
-    concurrency: int,
-    request_rate: float | None = None,
-    warmup_prompts: list[str] | None = None,
-    warmup_concurrency: int | None = None,
-    temperature: float = 0.0,
+    load: CellLoad,
+    *,
     api_key: str | None = None,
-    timeout_s: float = 600.0,
-    seed: int = 0,
     count_tokens: Callable[[str], int] | None = None,
     label: str = "",
     show_progress: bool = True,
@@ -95,12 +84,8 @@ def run_cell(
     on_measure_end: Callable[[], None] | None = None,
     stop_when: Callable[[RequestRecord], bool] | None = None,
     workers: int = 1,
-    offsets: list[float] | None = None,
-    prompt_lens: list[int] | None = None,
-    output_lens: list[int] | None = None,
-    sessions: Sessions | None = None,
 ) -> CellResult:
-    """Run warm-up, then the measured requests, over ``workers`` event loops.
+    """Run ``load``'s warm-up, then its measured requests, over ``workers`` event loops.
 
     ``stop_when`` sees each measured request as it completes; once it returns True no further request is
     sent, those in flight finish, and the result holds only the requests sent (``client["stopped_early"]``).
@@ -108,17 +93,12 @@ def run_cell(
     ``on_measure_start``/``on_measure_end`` run right before the first and right after the last measured
     request (warm-up excluded): per-cell telemetry such as the GPU energy counter is read exactly over the
     measured window.
-
-    ``offsets``, ``prompt_lens``, ``output_lens`` and ``sessions`` describe a workload other than fixed prompts
-    (bakeoff.loadgen.workload; :func:`plans` says how they are sent); left out, the cell is as it always was.
     """
     url = base_url.rstrip("/") + "/v1/completions"
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else None
-    parts = plans(url, model, prompts, prompt_len, output_len, concurrency, workers, request_rate, seed,
-                  warmup_prompts, warmup_concurrency, temperature, headers, timeout_s, offsets, prompt_lens,
-                  output_lens, sessions)
-    n = len(prompts)
-    takes = n // sessions.turns if sessions is not None else n  # what the shared counter hands out
+    parts = plans(url, model, load, workers, headers)
+    n = len(load.prompts)
+    takes = load.requests  # what the shared counter hands out
     records: list[RequestRecord | None] = [None] * n
     ends: list[float] = []
     stopped = [False]
@@ -153,11 +133,11 @@ def run_cell(
     client = cell_health(health)
     client["client_cpu_s_per_1k_tokens"] = 1000.0 * client["client_cpu_s"] / streamed if streamed else float("nan")
     client["stopped_early"] = stopped[0]
-    if sessions is not None:  # the workers' time assembling each turn's prompt, all together
+    if load.sessions is not None:  # the workers' time assembling each turn's prompt, all together
         client["client_prompt_build_s"] = sum(float(h.get("prompt_build_s", 0.0)) for h in health)
     return CellResult(sent, duration, client)
 
 
-async def run_cell_async(**kwargs: Any) -> CellResult:
+async def run_cell_async(base_url: str, model: str, load: CellLoad, **kwargs: Any) -> CellResult:
     """:func:`run_cell` from a coroutine: the cell runs in a thread of its own, off the caller's loop."""
-    return await asyncio.to_thread(run_cell, **kwargs)
+    return await asyncio.to_thread(functools.partial(run_cell, base_url, model, load, **kwargs))

@@ -39,6 +39,7 @@ from typing import Any, Protocol
 import aiohttp
 import numpy as np
 
+from bakeoff.loadgen.cellload import CellLoad, Sessions
 from bakeoff.loadgen.client import send
 from bakeoff.loadgen.metrics import RequestRecord
 
@@ -48,40 +49,20 @@ LAG_INTERVAL_S = 0.05  # the loop-lag monitor's sleep
 
 @dataclass(frozen=True)
 class Plan:
-    """One worker's part of a cell: picklable, so a worker process gets it whole."""
+    """One worker's part of a cell: picklable, so a worker process gets it whole.
+
+    What describes the cell's requests is its ``load``, the same for every worker; the rest is this worker's.
+    """
 
     worker: int
     url: str
     model: str
-    prompts: list[str]  # every measured prompt of the cell, by request index
-    prompt_len: int
-    output_len: int
+    load: CellLoad
+    headers: dict[str, str] | None = None
     slots: int = 0  # closed loop: this worker's share of the concurrency
     schedule: list[tuple[int, float]] | None = None  # open loop: (request index, send offset from t0 in s)
     warm: list[str] = field(default_factory=list)  # its warm-up prompts
     warm_slots: int = 1  # how many of them it sends at once (its share of the warm-up concurrency)
-    temperature: float = 0.0
-    headers: dict[str, str] | None = None
-    timeout_s: float = 600.0
-    # A workload other than fixed prompts (bakeoff.loadgen.workload): per-request lengths, where they differ
-    # (a prompt may then be token ids), and multi-turn sessions.
-    prompt_lens: list[int] | None = None
-    output_lens: list[int] | None = None
-    sessions: Sessions | None = None
-
-
-@dataclass(frozen=True)
-class Sessions:
-    """Closed-loop multi-turn sessions (bakeoff.loadgen.sessions states the rules).
-
-    The shared counter hands out sessions, not requests: a slot runs session ``s``'s ``turns`` turns in order,
-    turn ``k`` being request ``s x turns + k``, whose prompt is the previous turn's prompt, its answer, and
-    ``prompts[s x turns + k]`` (the turn's new text). Turn ``k + 1`` is due ``think_s[s x turns + k]`` seconds
-    after turn ``k``'s answer ended.
-    """
-
-    turns: int
-    think_s: list[float]
 
 
 def split(total: int, workers: int) -> list[int]:
@@ -198,102 +179,141 @@ def _cpu_s() -> float:
     return ru.ru_utime + ru.ru_stime
 
 
-async def drive(plan: Plan, ctl: Control, cpu: Callable[[], float] = _cpu_s) -> None:
-    """Run one worker's warm-up and measured requests; report each request and, last, the worker's health.
+class Driver:
+    """One worker's cell, in named steps: :meth:`warm`, then the measured load (:meth:`closed_loop`,
+    :meth:`sessions` or :meth:`open_loop`, as the plan says), watched by the loop-lag monitor, and last
+    :meth:`health`. :func:`drive` runs them in order.
 
     ``cpu``: this worker's CPU clock (its process's, or its thread's where it shares the caller's process).
     """
-    connector = aiohttp.TCPConnector(limit=0)  # kept alive and reused (bakeoff.loadgen.client)
-    fresh_connector = aiohttp.TCPConnector(limit=0, force_close=True)
-    timeout = aiohttp.ClientTimeout(total=plan.timeout_s)
-    async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session, \
-            aiohttp.ClientSession(connector=fresh_connector, timeout=timeout) as fresh:
 
-        async def one(rec: RequestRecord, prompt: str, t0: float, defer: bool = False) -> RequestRecord:
-            return await send(session, plan.url, plan.model, prompt, rec, t0, plan.temperature, plan.headers,
-                              None, fresh, defer)
+    def __init__(self, plan: Plan, ctl: Control, cpu: Callable[[], float] = _cpu_s) -> None:
+        self.plan, self.ctl, self.cpu, self.load = plan, ctl, cpu, plan.load
+        self.t0 = 0.0  # the cell's start on the shared clock, once the measure barrier releases it
+        self.records: list[RequestRecord] = []  # this worker's measured requests, in the order sent
+        self.build_s = 0.0  # seconds spent assembling multi-turn prompts, on this worker's clock
+        self.lag: list[float] = []  # the loop-lag monitor's samples, seconds
+        self.cpu_s = self.wall_s = 0.0  # over the measured window
+        self._session: aiohttp.ClientSession | None = None
+        self._fresh: aiohttp.ClientSession | None = None
 
-        await ctl.barrier("warm")
-        if plan.warm:  # at once where there are slots for them: each lands on its own idle server slot
-            sem = asyncio.Semaphore(max(1, plan.warm_slots))
+    async def run(self) -> None:
+        connector = aiohttp.TCPConnector(limit=0)  # kept alive and reused (bakeoff.loadgen.client)
+        fresh_connector = aiohttp.TCPConnector(limit=0, force_close=True)
+        timeout = aiohttp.ClientTimeout(total=self.load.timeout_s)
+        async with aiohttp.ClientSession(connector=connector, timeout=timeout) as self._session, \
+                aiohttp.ClientSession(connector=fresh_connector, timeout=timeout) as self._fresh:
+            await self.ctl.barrier("warm")
+            await self.warm()
+            self.t0 = await self.ctl.barrier("measure")
+            stop_lag = asyncio.Event()
+            monitor = asyncio.create_task(_lag_monitor(self.lag, stop_lag))
+            await until(self.t0)
+            cpu0, wall0 = self.cpu(), time.perf_counter()
+            if self.load.sessions is not None:
+                await self.sessions(self.load.sessions)
+            elif self.plan.schedule is None:
+                await self.closed_loop()
+            else:
+                await self.open_loop(self.plan.schedule)
+            self.wall_s, self.cpu_s = time.perf_counter() - wall0, self.cpu() - cpu0
+            stop_lag.set()
+            await monitor
+        self.ctl.end(self.health())
 
-            async def warm(i: int, p: str) -> None:
-                async with sem:
-                    await one(RequestRecord(-1 - i, plan.prompt_len, plan.output_len), p, time.perf_counter())
+    async def one(self, rec: RequestRecord, prompt: Any, t0: float, defer: bool = False) -> RequestRecord:
+        assert self._session is not None
+        return await send(self._session, self.plan.url, self.plan.model, prompt, rec, t0,
+                          temperature=self.load.temperature, headers=self.plan.headers, fresh=self._fresh,
+                          defer=defer)
 
-            await asyncio.gather(*(warm(i, p) for i, p in enumerate(plan.warm)))
-        t0 = await ctl.barrier("measure")
-        lag: list[float] = []
-        stop_lag = asyncio.Event()
-        monitor = asyncio.create_task(_lag_monitor(lag, stop_lag))
-        await until(t0)
-        cpu0, wall0 = cpu(), time.perf_counter()
-        records: list[RequestRecord] = []
+    async def warm(self) -> None:
+        """The plan's warm-up prompts, at once where there are slots for them: each lands on its own idle server
+        slot. Not measured."""
+        if not self.plan.warm:
+            return
+        sem = asyncio.Semaphore(max(1, self.plan.warm_slots))
 
-        async def request(i: int, intended: float, prompt: Any = None) -> RequestRecord:
-            rec = RequestRecord(i, plan.prompt_lens[i] if plan.prompt_lens else plan.prompt_len,
-                                plan.output_lens[i] if plan.output_lens else plan.output_len, worker=plan.worker)
-            records.append(rec)
-            # Decoded after the cell (bakeoff.loadgen.client.finish_deferred), except where a session's next turn
-            # needs this answer's text now: a wave of streams ending together is then no burst of decoding.
-            await one(rec, plan.prompts[i] if prompt is None else prompt, t0, defer=plan.sessions is None)
-            rec.schedule_delay = rec.start - intended
-            rec.done = time.perf_counter() - t0
-            ctl.done(rec, rec.done)
-            return rec
+        async def warm_one(i: int, p: str) -> None:
+            async with sem:
+                await self.one(RequestRecord(-1 - i, self.load.prompt_len, self.load.output_len), p,
+                               time.perf_counter())
 
-        build = [0.0]  # seconds spent assembling multi-turn prompts, on this worker's clock
-        if plan.sessions is not None:
-            sessions = plan.sessions
+        await asyncio.gather(*(warm_one(i, p) for i, p in enumerate(self.plan.warm)))
 
-            async def session_slot() -> None:
-                intended = 0.0
-                while not ctl.stopped() and (s := ctl.take()) is not None:
-                    history = ""
-                    for k in range(sessions.turns):
-                        i = s * sessions.turns + k
-                        b = time.perf_counter()
-                        prompt = history + plan.prompts[i]
-                        build[0] += time.perf_counter() - b
-                        rec = await request(i, intended, prompt)
-                        intended = time.perf_counter() - t0  # the slot's next session is due when this one ends
-                        if not rec.success or ctl.stopped() or k == sessions.turns - 1:
-                            break  # a turn without an answer ends its session: the next has no history to grow
-                        b = time.perf_counter()
-                        history = prompt + rec.generated_text
-                        build[0] += time.perf_counter() - b
-                        intended = (rec.done or intended) + sessions.think_s[i]
-                        await until(t0 + intended)
+    async def request(self, i: int, intended: float, prompt: Any = None) -> RequestRecord:
+        """Send measured request ``i``, due at ``intended`` (seconds from t0), and report it to the cell."""
+        load = self.load
+        rec = RequestRecord(i, load.prompt_lens[i] if load.prompt_lens else load.prompt_len,
+                            load.output_lens[i] if load.output_lens else load.output_len, worker=self.plan.worker)
+        self.records.append(rec)
+        # Decoded after the cell (bakeoff.loadgen.client.finish_deferred), except where a session's next turn
+        # needs this answer's text now: a wave of streams ending together is then no burst of decoding.
+        await self.one(rec, load.prompts[i] if prompt is None else prompt, self.t0, defer=load.sessions is None)
+        rec.schedule_delay = rec.start - intended
+        rec.done = time.perf_counter() - self.t0
+        self.ctl.done(rec, rec.done)
+        return rec
 
-            await asyncio.gather(*(session_slot() for _ in range(plan.slots)))
-        elif plan.schedule is None:
-            async def slot() -> None:
-                intended = 0.0
-                while not ctl.stopped() and (i := ctl.take()) is not None:
-                    await request(i, intended)
-                    intended = time.perf_counter() - t0  # the slot is free: its next request is due now
+    async def closed_loop(self) -> None:
+        """The plan's slots, each sending the cell's next request as soon as its previous one ended."""
+        async def slot() -> None:
+            intended = 0.0
+            while not self.ctl.stopped() and (i := self.ctl.take()) is not None:
+                await self.request(i, intended)
+                intended = time.perf_counter() - self.t0  # the slot is free: its next request is due now
 
-            await asyncio.gather(*(slot() for _ in range(plan.slots)))
-        else:
-            tasks = []
-            for i, offset in plan.schedule:
-                await until(t0 + offset)
-                if ctl.stopped():
-                    break
-                tasks.append(asyncio.create_task(request(i, offset)))
-            await asyncio.gather(*tasks)
-        wall = time.perf_counter() - wall0
-        used = cpu() - cpu0
-        stop_lag.set()
-        await monitor
-    delays = [1000.0 * r.schedule_delay for r in records if r.schedule_delay is not None]
-    ctl.end({"worker": plan.worker, "requests": len(records), "cpu_s": used,
-             "cpu_share": used / wall if wall > 0 else float("nan"),
-             "loop_lag_p99_ms": float(np.percentile(lag, 99) * 1000.0) if lag else 0.0,
-             "schedule_delay_p50_ms": float(np.percentile(delays, 50)) if delays else 0.0,
-             "schedule_delay_p99_ms": float(np.percentile(delays, 99)) if delays else 0.0,
-             "retried": sum(r.retried for r in records),
-             **({"prompt_build_s": build[0]} if plan.sessions is not None else {})})
+        await asyncio.gather(*(slot() for _ in range(self.plan.slots)))
+
+    async def sessions(self, sessions: Sessions) -> None:
+        """The plan's slots, each running the cell's next session: its turns in order, each after the think time."""
+        async def session_slot() -> None:
+            intended = 0.0
+            while not self.ctl.stopped() and (s := self.ctl.take()) is not None:
+                history = ""
+                for k in range(sessions.turns):
+                    i = s * sessions.turns + k
+                    b = time.perf_counter()
+                    prompt = history + self.load.prompts[i]
+                    self.build_s += time.perf_counter() - b
+                    rec = await self.request(i, intended, prompt)
+                    intended = time.perf_counter() - self.t0  # the slot's next session is due when this one ends
+                    if not rec.success or self.ctl.stopped() or k == sessions.turns - 1:
+                        break  # a turn without an answer ends its session: the next has no history to grow
+                    b = time.perf_counter()
+                    history = prompt + rec.generated_text
+                    self.build_s += time.perf_counter() - b
+                    intended = (rec.done or intended) + sessions.think_s[i]
+                    await until(self.t0 + intended)
+
+        await asyncio.gather(*(session_slot() for _ in range(self.plan.slots)))
+
+    async def open_loop(self, schedule: list[tuple[int, float]]) -> None:
+        """Each request of the plan's schedule at its offset from t0, however many are then in flight."""
+        tasks = []
+        for i, offset in schedule:
+            await until(self.t0 + offset)
+            if self.ctl.stopped():
+                break
+            tasks.append(asyncio.create_task(self.request(i, offset)))
+        await asyncio.gather(*tasks)
+
+    def health(self) -> dict[str, Any]:
+        """This worker's health over the measured window (bakeoff.loadgen.health judges it)."""
+        delays = [1000.0 * r.schedule_delay for r in self.records if r.schedule_delay is not None]
+        lag = self.lag
+        return {"worker": self.plan.worker, "requests": len(self.records), "cpu_s": self.cpu_s,
+                "cpu_share": self.cpu_s / self.wall_s if self.wall_s > 0 else float("nan"),
+                "loop_lag_p99_ms": float(np.percentile(lag, 99) * 1000.0) if lag else 0.0,
+                "schedule_delay_p50_ms": float(np.percentile(delays, 50)) if delays else 0.0,
+                "schedule_delay_p99_ms": float(np.percentile(delays, 99)) if delays else 0.0,
+                "retried": sum(r.retried for r in self.records),
+                **({"prompt_build_s": self.build_s} if self.load.sessions is not None else {})}
+
+
+async def drive(plan: Plan, ctl: Control, cpu: Callable[[], float] = _cpu_s) -> None:
+    """Run one worker's warm-up and measured requests; report each request and, last, the worker's health."""
+    await Driver(plan, ctl, cpu).run()
 
 
 def _event_loop_runner() -> Callable[[Any], Any]:

@@ -1,0 +1,106 @@
+"""What one load cell sends: its requests, how many at once or at what rate, and how the load starts.
+
+Why one typed value: the same description travels from the caller (bakeoff.loadgen.runner.run_cell) through
+each worker's plan (bakeoff.loadgen.workers.Plan) to the requests; as loose arguments it was two dozen
+parameters repeated at every step, in positions that had to agree.
+
+**The start of a closed loop** (``start``):
+
+* ``burst`` -- every slot sends its first request at the cell's start ``t0``, as ``vllm bench serve`` does.
+  A closed loop with fixed lengths then stays in waves: the first wave of ``c`` prompts reaches the server in
+  one instant, and a server that admits a bounded number of prompt tokens a step (vLLM's
+  ``max_num_batched_tokens``) gives them their first tokens in groups, the last group near the TTFT bound.
+* ``ramp`` -- slot ``j`` of ``c`` (numbered across all workers) sends its first request at
+  ``t0 + j x ramp_s / c``, so the slots' phases stay spread and concurrency rises to ``c`` over the ramp.
+  ``ramp_s`` left out is the median end-to-end latency of the cell's warm-up requests: one request cycle, over
+  which every slot has started once. The requests sent before the ramp ends are marked (``RequestRecord.ramp``)
+  and left out of the cell's latency statistics (bakeoff.loadgen.metrics.summarize), which are then the
+  steady span's. Those are about ``c`` requests more than a burst sends for the same statistics: a caller that
+  wants ``n`` measured requests sends ``n + ramp_extra()`` prompts.
+
+An open loop (``request_rate`` or ``offsets``) has its own arrival schedule, and multi-turn sessions their own
+think times: both ignore ``start`` (the cell records it as ``burst``, with no ramp).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal
+
+Start = Literal["burst", "ramp"]
+STARTS: tuple[Start, ...] = ("burst", "ramp")
+
+
+@dataclass(frozen=True)
+class Sessions:
+    """Closed-loop multi-turn sessions (bakeoff.loadgen.sessions states the rules).
+
+    The shared counter hands out sessions, not requests: a slot runs session ``s``'s ``turns`` turns in order,
+    turn ``k`` being request ``s x turns + k``, whose prompt is the previous turn's prompt, its answer, and
+    ``prompts[s x turns + k]`` (the turn's new text). Turn ``k + 1`` is due ``think_s[s x turns + k]`` seconds
+    after turn ``k``'s answer ended.
+    """
+
+    turns: int
+    think_s: list[float]
+
+
+@dataclass(frozen=True)
+class CellLoad:
+    """One cell's requests and how they are sent (module docstring: the start).
+
+    ``prompts`` are the measured requests by index (text, or token ids for token-level workloads);
+    ``prompt_lens``/``output_lens`` give each request its own lengths where they differ (else ``prompt_len``
+    and ``output_len``); ``offsets`` sends them open loop on that schedule (seconds from the start),
+    ``request_rate`` on a Poisson schedule drawn from ``seed``; neither: closed loop at ``concurrency``.
+    ``sessions`` makes the closed loop multi-turn. ``warmup_prompts`` go before the measured window,
+    ``warmup_concurrency`` at once (at least ``concurrency``).
+    """
+
+    prompts: list[Any]
+    prompt_len: int
+    output_len: int
+    concurrency: int
+    request_rate: float | None = None
+    offsets: list[float] | None = None
+    prompt_lens: list[int] | None = None
+    output_lens: list[int] | None = None
+    sessions: Sessions | None = None
+    warmup_prompts: list[str] | None = None
+    warmup_concurrency: int | None = None
+    temperature: float = 0.0
+    timeout_s: float = 600.0
+    seed: int = 0
+    start: Start = "burst"
+    ramp_s: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.start not in STARTS:
+            raise ValueError(f"start must be one of {STARTS}, got {self.start!r}")
+        if self.ramp_s is not None and not self.ramp_s >= 0:
+            raise ValueError(f"ramp_s must be >= 0, got {self.ramp_s}")
+        if self.concurrency < 1:
+            raise ValueError(f"concurrency must be >= 1, got {self.concurrency}")
+        if self.ramped and self.ramp_s is None and not self.warmup_prompts:
+            raise ValueError("a ramp of automatic length is the warm-up's median latency: give warm-up prompts "
+                             "or ramp_s")
+
+    @property
+    def open_loop(self) -> bool:
+        return self.request_rate is not None or self.offsets is not None
+
+    @property
+    def ramped(self) -> bool:
+        """Whether the start is a ramp: asked for, and a closed loop of single requests (module docstring)."""
+        return self.start == "ramp" and not self.open_loop and self.sessions is None
+
+    @property
+    def requests(self) -> int:
+        """What the cell hands out: requests, or sessions of ``turns`` requests each."""
+        return len(self.prompts) // self.sessions.turns if self.sessions is not None else len(self.prompts)
+
+    def ramp_extra(self) -> int:
+        """The prompts a ramped cell needs beyond its ``n`` measured ones, for ``n`` to be sent after the ramp:
+        each slot's first request (a ramp of one request cycle, the automatic length, sends about that many);
+        0 where the start is not a ramp. A ramp much longer than one request sends about ``c x ramp_s / E2EL``."""
+        return self.concurrency if self.ramped else 0
