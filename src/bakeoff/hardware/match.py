@@ -29,6 +29,13 @@ def gpu_memory_gib(gpu: Mapping[str, Any]) -> float:
     return float(gpu["memory_total_mib"]) / 1024.0
 
 
+def config_memory_gib(hw: Mapping[str, Any]) -> float | None:
+    """A hardware config's GPU memory in GiB; a config recorded before the field named its unit calls it
+    ``gpu_memory_gb`` (the same figure: NVML's GiB, or the datasheet's within the tolerance above)."""
+    mem = hw.get("gpu_memory_gib", hw.get("gpu_memory_gb"))
+    return float(mem) if mem else None
+
+
 def cuda_arch(gpu: Mapping[str, Any]) -> int:
     """Compute capability without the dot (``9.0`` -> 90), as ``hardware.cuda_arch`` spells it."""
     major, minor = str(gpu["compute_capability"]).split(".")
@@ -49,7 +56,7 @@ def describe_node(gpus: Sequence[Mapping[str, Any]]) -> str:
 def describe_config(hw: Mapping[str, Any]) -> str:
     if hw.get("backend") != "cuda":
         return f"hardware={hw.get('name')} (CPU only)"
-    mem = hw.get("gpu_memory_gib")
+    mem = config_memory_gib(hw)
     return (f"hardware={hw.get('name')} ({hw.get('gpus')} x {hw.get('gpu_model') or 'unnamed GPU'}, "
             f"{format(float(mem), 'g') if mem else '?'} GiB, cuda_arch {hw.get('cuda_arch')})")
 
@@ -69,7 +76,7 @@ def mismatches(facts: Mapping[str, Any], hw: Mapping[str, Any]) -> list[str]:
     names = sorted({str(g["name"]) for g in used})
     if model and any(str(model).lower() not in n.lower() for n in names):
         out.append(f"gpu_model {model!r} is not the node's {', '.join(repr(n) for n in names)}")
-    mem = hw.get("gpu_memory_gib")
+    mem = config_memory_gib(hw)
     if mem:
         found = sorted({round(gpu_memory_gib(g), 1) for g in used})
         if any(abs(f - float(mem)) > MEMORY_TOLERANCE * float(mem) for f in found):
