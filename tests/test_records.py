@@ -79,7 +79,7 @@ def test_the_call_history_is_the_logs() -> None:
     stopped = [j for j in call.jobs if j.outcome != "finished"]
     assert [(j.rule, j.wildcards.get("format")) for j in stopped] == [("serve_load", "q4_k_m")]
     section = section_of((run / "README.md").read_text()) or ""
-    assert "llamacpp-q4_k_m: c1/p128 block 0, c8/p128 block 0, c32/p128 block 0, c1/p128 block 1;" in section
+    assert "llamacpp-q4_k_m: c1-p128 block 0, c8-p128 block 0, c32-p128 block 0, c1-p128 block 1;" in section
     assert "more than one server start: llamacpp-q4_k_m block 1 (calls 1, 2)." in section
     # the issue's interval: fp8-online against q4_k_m at c=1 spans 0
     assert "vllm-fp8-online against llamacpp-q4_k_m | 2 | −2.6 % (−13.4 % to +8.3 %) | 0 of 2" in section
@@ -210,3 +210,22 @@ def test_the_capacity_record_brackets_fp8_and_its_client_check_flags_every_disag
     assert "vllm-fp8-online: highest pass c=192, lowest fail c=193 (adjacent); not re-checked." in section
     assert "### Capacity\n" not in section  # no capacity.json: no capacity row claimed
     assert "c=256: 1 worker against 4" in section and "NOT flagged" not in section
+
+
+def test_a_record_says_how_each_capacity_was_judged() -> None:
+    """The rule, the start and each probe's size against the confident minimum; a probe whose files name no
+    rule or start is said to be from before they were named (point rule, burst start), never guessed silently."""
+    from bakeoff.node.readme import judging_lines
+
+    base = {"engine": "vllm", "format": "fp8-online", "slo": "interactive", "prompt_len": 128}
+    old = [{**base, "concurrency": 64, "completed": 256, "load_note": "capacity probe (concurrency, SLO x)",
+            "started_utc": 1.0}]
+    text = "\n".join(judging_lines(old))
+    assert "point rule (no file names it" in text and "burst start (no row names it" in text
+    assert "c=64: 256 < 299" in text
+    new = [{**base, "concurrency": c, "steady_requests": n, "completed": n + c, "load_start": "ramp",
+            "load_ramp_s": 6.5, "load_note": "capacity probe (concurrency, SLO interactive, confident rule)",
+            "started_utc": float(c)} for c, n in ((256, 320), (320, 299))]
+    text = "\n".join(judging_lines(new))
+    assert "confident rule;" in text and "no file names it" not in text and "no row names it" not in text
+    assert "ramp start (ramp 6.5–6.5 s" in text and "c=256: 320, c=320: 299." in text
