@@ -10,6 +10,7 @@ import argparse
 import json
 
 from bakeoff.errors import BakeoffError
+from bakeoff.loadgen.cellload import CellLoad
 from bakeoff.loadgen.metrics import summarize
 from bakeoff.loadgen.prompts import make_prompts
 from bakeoff.loadgen.runner import run_cell
@@ -24,9 +25,9 @@ def run_command(a: argparse.Namespace) -> None:
         raise BakeoffError("--prompt-len must be >= 4, --output-len and --num-requests >= 1")
     tok = AutoTokenizer.from_pretrained(a.tokenizer or a.model)
     prompts = make_prompts(tok, a.prompt_len, a.num_requests + a.warmup, seed=a.seed)
-    res = run_cell(base_url=a.url, model=a.model, prompts=prompts[a.warmup:], prompt_len=a.prompt_len,
-                   output_len=a.output_len, concurrency=a.concurrency, request_rate=a.request_rate,
-                   warmup_prompts=prompts[:a.warmup], api_key=a.api_key, seed=a.seed,
+    load = CellLoad(prompts[a.warmup:], prompt_len=a.prompt_len, output_len=a.output_len, concurrency=a.concurrency,
+                    request_rate=a.request_rate, warmup_prompts=prompts[:a.warmup], seed=a.seed)
+    res = run_cell(a.url, a.model, load, api_key=a.api_key,
                    count_tokens=lambda t: len(tok.encode(t, add_special_tokens=False)), label="load")
     metrics = {**summarize(res.records, res.duration_s), **res.client}
     if a.records:

@@ -22,6 +22,7 @@ from bakeoff.engines.window import MeasuredWindow
 from bakeoff.hardware.fingerprint import node_id
 from bakeoff.hardware.memory import PeakSampler
 from bakeoff.loadgen import workload
+from bakeoff.loadgen.cellload import CellLoad
 from bakeoff.loadgen.cells import Cell, record_base
 from bakeoff.loadgen.metrics import RequestRecord, summarize
 from bakeoff.loadgen.prompts import make_prompts
@@ -91,11 +92,11 @@ def measure(job: ServeJob, session: Session, base: dict, load: LoadCfg, tokenize
         # GPU memory comes from the window, on the server's own GPUs.
         with PeakSampler(engine.pid() or os.getpid(), sample=engine.memory_bytes) as mem:
             t_cell = time.time()
-            res = run_cell(base_url=engine.base_url, model=base["model"], **requests,
-                           prompt_len=cell.prompt_len, output_len=load.output_len, concurrency=cell.concurrency,
-                           request_rate=request_rate, warmup_prompts=warm, warmup_concurrency=n_warm,
-                           temperature=load.temperature,
-                           api_key=engine.spec.engine.api_key, seed=seed, count_tokens=count_tokens,
+            cell_load = CellLoad(**requests, prompt_len=cell.prompt_len, output_len=load.output_len,
+                                 concurrency=cell.concurrency, request_rate=request_rate, warmup_prompts=warm,
+                                 warmup_concurrency=n_warm, temperature=load.temperature, seed=seed)
+            res = run_cell(engine.base_url, base["model"], cell_load,
+                           api_key=engine.spec.engine.api_key, count_tokens=count_tokens,
                            label=f"{base['engine']}-{base['format']} {cell.name}", show_progress=job.show_progress,
                            on_measure_start=window.start, on_measure_end=window.stop, stop_when=stop_when,
                            workers=workers)
