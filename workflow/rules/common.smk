@@ -28,9 +28,10 @@ CFG = next(iter(POINTS.values())).cfg  # the build side (model, formats, toolcha
 # configured, e.g. a CUDA config whose vLLM interpreter has a CPU-only torch (bakeoff.composition.compose.run_problems).
 # Not asked where nothing the engines need would run: --touch, or only the bookkeeping that reads results (the
 # submit host's share over a GPU node's results, bakeoff.node; the Snakefile's localrules), where no engine
-# is installed. Any other rule, the doctor first, asks.
+# is installed; nor for fetching llama.cpp's pinned source, which the submit host does for a node without network
+# (docs/node-route-vllm.md). Any other rule, the doctor first, asks.
 BOOKKEEPING_RULES = {"all", "points", "summary", "check_baselines", "samples", "versions", "plots", "pages",
-                     "dvc_metrics", "track"}
+                     "dvc_metrics", "track", "fetch_llamacpp"}
 
 
 onstart:

@@ -214,6 +214,9 @@ class CapacityCfg(_Strict):
     # The concurrency search stops once its lowest fail is within this share of its highest pass, never closer
     # than one user: fail - pass <= max(1, floor(resolution x pass)); it reports that bracket, e.g. 192–200.
     resolution: PositiveFloat = 0.05
+    # How a concurrency probe's users start (bakeoff.loadgen.cellload): ramp, slot j of c at j x ramp_s / c, its
+    # verdict taken over the steady span after the ramp (a served population); burst, every slot at once.
+    start: Literal["burst", "ramp"] = "ramp"
     rate: bool = True  # also search the open-loop (Poisson) request rate
     rate_resolution: PositiveFloat = 0.1  # the rate search stops when fail / pass <= 1 + this
     # How a probe passes (bakeoff.loadgen.capacity): point, its p99s within the bounds; confident, also the 95 %
@@ -327,6 +330,10 @@ class LoadCfg(_Strict):
     # in an order shuffled by this seed (recorded in each row as `block` and `order`).
     block_seed: NonNegativeInt = 0
     request_rate: PositiveFloat | None = None
+    # How a fixed closed-loop cell's users start (bakeoff.loadgen.cellload): burst, every slot at t0, as `vllm bench
+    # serve` does (comparable with it); ramp, slot j of c at j x ramp_s / c, latency over the steady span after it.
+    start: Literal["burst", "ramp"] = "burst"
+    ramp_s: PositiveFloat | None = None  # the ramp's length (cells and probes); null: the warm-up's median E2E latency
     temperature: float = Field(default=0.0, ge=0.0)
     slo_ms: SloCfg = SloCfg()
     # Fewer requests a cell for slow formats when time is short (e.g. f16 on a timed GPU lease).
