@@ -16,6 +16,7 @@ import pytest
 from bakeoff.config.schema import CapacityCfg
 from bakeoff.loadgen.capacity import (
     EarlyStop,
+    Search,
     Slo,
     Verdict,
     bracket_from_cells,
@@ -29,7 +30,7 @@ from bakeoff.loadgen.cellload import CellLoad
 from bakeoff.loadgen.metrics import RequestRecord, summarize
 from bakeoff.loadgen.runner import run_cell
 from bakeoff.proc import ManagedProcess, free_port
-from bakeoff.stages import serve_capacity
+from bakeoff.serving import capacity as serve_capacity
 
 SLO = Slo("test", ttft_ms=1000.0, tpot_ms=125.0)
 SLOT_DELAY_MS = 10.0
@@ -107,6 +108,7 @@ def test_the_rate_search_brackets_then_bisects_to_its_resolution() -> None:
     assert down.converged and 0.4 / 1.1 <= down.capacity <= 0.4
     bounded = search_rate(lambda r: Verdict(r <= 1000.0), start=1.0, max_probes=3)
     assert not bounded.converged and len(bounded.probes) == 3 and bounded.capacity == 2.25
+    assert bounded.bracket == "at least 2.25" and s.bracket == f"{s.capacity:.4g}–{s.fail:.4g}"
 
 
 def test_a_variant_that_fails_the_lowest_load_has_capacity_zero() -> None:
@@ -136,23 +138,52 @@ def test_the_early_stop_counts_each_bound_on_its_own_and_stops_at_a_failure() ->
     assert EarlyStop(n, SLO)(failed)  # a failed request fails the probe: stop at once
 
 
+def _ramped(record: RequestRecord) -> RequestRecord:
+    record.ramp = True  # the load client's flag: sent while concurrency rose to c, outside the steady span
+    return record
+
+
+@pytest.mark.parametrize("rule", ["point", "confident"])
+def test_the_early_stop_ignores_requests_sent_during_the_ramp(rule: str) -> None:
+    n, far_over = 400, _req(10.0)
+    limit = violation_limit(n, rule)
+    stop = EarlyStop(n, SLO, rule)
+
+    def failed() -> RequestRecord:
+        return RequestRecord(0, 4, 8, success=False, error="boom")
+
+    # a whole ramp of requests over both bounds, and failed ones: none counts, none stops the probe
+    assert not any(stop(_ramped(r)) for r in [_req(10.0), _ttft_over(), failed()] * limit)
+    assert not stop.violations
+    # the same requests in the steady span: the limit-th over a bound stops it, as before
+    assert [stop(far_over) for _ in range(limit)] == [False] * (limit - 1) + [True]
+    assert EarlyStop(n, SLO, rule)(failed())
+
+
+def _holds(s: Search, truth: int, resolution: float = CapacityCfg().resolution) -> bool:
+    """The search's bracket holds ``truth`` and is no wider than ``max(1, floor(resolution x pass))``."""
+    assert s.fail is not None, s.probes
+    return s.capacity <= truth < s.fail and s.fail - s.capacity <= max(1, int(resolution * s.capacity + 1e-9))
+
+
 @pytest.mark.parametrize("truth", [12, 28, 40, 150, 200, 700])
-def test_the_schema_defaults_locate_a_gpu_scale_capacity_exactly(truth: int) -> None:
+def test_the_schema_defaults_bracket_a_gpu_scale_capacity_within_the_resolution(truth: int) -> None:
     d = CapacityCfg()
-    calls: list[int] = []
 
     def probe(c: int) -> Verdict:
-        calls.append(c)
         return Verdict(c <= truth, () if c <= truth else ("tpot",))
 
-    s = search_concurrency(probe, d.start_concurrency, d.max_concurrency, d.max_probes)
-    assert s.converged and s.capacity == truth and not s.uncertain, s.probes
-    assert [c for c, _, _ in s.rechecks] == [truth, truth + 1]
-    # seeded from fixed cells at c = 1, 8, 32 (the seed's loads): fewer probes, same answer
+    s = search_concurrency(probe, d.start_concurrency, d.max_concurrency, d.max_probes, resolution=d.resolution)
+    assert s.converged and _holds(s, truth) and not s.uncertain, s.probes
+    assert [c for c, _, _ in s.rechecks] == [s.capacity, s.fail]  # the bracket's two ends, re-checked
+    assert s.bracket == f"{s.capacity:g}–{s.fail:g}"
+    # below 40 users 5 % is under two users: the bracket is adjacent users, the capacity exact
+    assert (s.capacity, s.fail) == (truth, truth + 1) if truth < 40 else s.fail - s.capacity > 1
+    # seeded from fixed cells at c = 1, 8, 32 (the seed's loads): fewer probes, a bracket as good
     met = {c: c <= truth for c in (1, 8, 32)}
     seeded = search_concurrency(probe, d.start_concurrency, d.max_concurrency, d.max_probes,
-                                *bracket_from_cells(met))
-    assert seeded.converged and seeded.capacity == truth and len(seeded.probes) < len(s.probes)
+                                *bracket_from_cells(met), resolution=d.resolution)
+    assert seeded.converged and _holds(seeded, truth) and len(seeded.probes) < len(s.probes)
     assert all(8 < c < 32 for c, _ in seeded.probes) if truth < 32 else all(c > 32 for c, _ in seeded.probes)
 
 
@@ -160,13 +191,17 @@ def test_the_default_budget_converges_for_every_capacity_below_the_maximum() -> 
     budget = probes_needed(1, 64)
     for truth in range(0, 64):
         s = search_concurrency(lambda c, t=truth: Verdict(c <= t), 1, 64, None, recheck=False)
-        assert s.converged and s.capacity == truth and len(s.probes) <= budget, truth
-    assert budget == 12  # 1..64 by doubling (7), then 5 bisections of a bracket of 32
+        assert s.converged and _holds(s, truth) and len(s.probes) <= budget, truth
+        exact = search_concurrency(lambda c, t=truth: Verdict(c <= t), 1, 64, None, recheck=False, resolution=0)
+        assert exact.converged and (exact.capacity, exact.fail) == (truth, truth + 1), truth  # 0: adjacent users
+    assert budget == 12  # 1..64 by doubling (7), then 5 bisections of a bracket of 32 (5 % of 32 is one user)
     # at the maximum itself (and past it) the search found a lower bound, never a converged capacity
     for truth in (64, 65, 10_000):
         s = search_concurrency(lambda c, t=truth: Verdict(c <= t), 1, 64, None, recheck=False)
-        assert s.at_limit and not s.converged and s.capacity == 64, truth
-    assert probes_needed(1, CapacityCfg().max_concurrency) == 20  # 1..1024: 11 doublings, 9 bisections
+        assert s.at_limit and not s.converged and s.capacity == 64 and s.bracket == "at least 64", truth
+    d = CapacityCfg()
+    # 1..1024: 11 doublings, then 5 bisections to within 5 % (9 to adjacent users)
+    assert probes_needed(1, d.max_concurrency, d.resolution) == 16 and probes_needed(1, d.max_concurrency, 0) == 20
 
 
 def test_a_search_stopped_by_the_servers_limit_is_a_lower_bound_that_names_it() -> None:
@@ -177,7 +212,8 @@ def test_a_search_stopped_by_the_servers_limit_is_a_lower_bound_that_names_it() 
     assert cols["concurrency_converged"] is False and cols["concurrency_limit"] == "vLLM KV cache (38400 tokens)"
     found = search_concurrency(lambda c: Verdict(c <= 150), 1, 1024, None)
     cols = serve_capacity._search_columns(found, "concurrency")
-    assert cols["capacity_concurrency"] == 150 and cols["concurrency_converged"] and cols["concurrency_limit"] == ""
+    assert _holds(found, 150) and cols["capacity_concurrency"] == found.capacity
+    assert cols["concurrency_converged"] and cols["concurrency_limit"] == ""
 
 
 def test_a_noisy_boundary_is_reported_uncertain_with_both_results() -> None:
@@ -203,7 +239,7 @@ def test_a_bracket_from_cells_takes_the_lowest_fail_and_the_highest_pass_below_i
 
 
 def test_fixed_cells_give_a_verdict_per_concurrency_met_only_where_every_repeat_met_it() -> None:
-    from bakeoff.stages.serve_capacity import fixed_verdicts
+    from bakeoff.serving.capacity import fixed_verdicts
 
     def cell(c: int, ttft: float, p: int = 128, **kw) -> dict:
         return {"concurrency": c, "prompt_len": p, "status": "ok", "p99_ttft_ms": ttft, "p99_tpot_ms": 50.0, **kw}

@@ -32,20 +32,30 @@ The rules, stated once:
   bound, not two of one. The probe stops sending; requests in flight finish.
 * **Concurrency search (closed loop).** The bracket starts from what the variant's fixed cells showed at
   the same prompt length: the highest concurrency that met the SLO below the lowest that failed is a known
-  pass, that lowest fail a known fail (under ``confident`` only the fails seed it: bakeoff.stages.
-  serve_capacity.fixed_verdicts). From there (else from ``start``) it doubles until a probe fails or
-  ``maximum`` passes, then bisects between the highest pass and the lowest fail until they are adjacent.
-  The default probe budget is the most probes this needs for any capacity in ``0..maximum``
-  (``probes_needed``), so the search always converges.
+  pass, that lowest fail a known fail (under ``confident`` only the fails seed it:
+  bakeoff.serving.capacity.fixed_verdicts). From there (else from ``start``) it doubles until a probe fails
+  or ``maximum`` passes, then bisects between the highest pass and the lowest fail until they are within
+  the resolution (``load.capacity.resolution``, default 5 %): ``fail - pass <= max(1, floor(resolution x
+  pass))`` (``within_resolution``), so 5 % of the pass and never under 1 user. Probes closer than that
+  resolve differences smaller than a probe's run-to-run noise, and each costs a full probe. The answer is
+  the bracket, ``pass–fail`` (``Search.bracket``); ``capacity`` is its pass. The default probe budget is
+  the most probes this needs for any capacity in ``0..maximum`` at that resolution (``probes_needed``), so
+  the search always converges; with noisy probes too, since every verdict it asks for lies inside the
+  bracket, and so agrees with some capacity's noiseless run.
 * **Boundary re-check.** A probe near the capacity can pass or fail by chance, and one noisy fail sends a
   bisection down for good. At the end the highest pass and the lowest fail are each probed once more;
   where either run disagrees with the first, the capacity is reported as uncertain, with both results.
 * **Rate search (open loop, Poisson arrivals, no cap on requests in flight).** From ``start`` (the
   closed-loop capacity's request rate), multiply or divide by ``RATE_STEP`` until a pass and a fail
-  bracket the capacity, then bisect geometrically until ``fail / pass <= 1 + resolution``.
+  bracket the capacity, then bisect geometrically until ``fail / pass <= 1 + resolution``. At the default
+  resolution (0.1) three bisections take a bracket of 1.5 under 1.1 (two leave 1.107), so the default
+  budget, ``RATE_PROBES`` (8), converges wherever the capacity is within 1.5^4 (5x) of the start: 1 + k
+  probes to bracket it k steps away, then 3. The closed loop's rate at its capacity and the open loop's
+  capacity share a server and an SLO; a start 5x off would mean the Poisson arrivals alone moved the
+  capacity that far. A search short of its budget says so (not converged), its bracket still true.
 * **Limits.** The search never probes past ``maximum``: the search's own ceiling
   (``load.capacity.max_concurrency``) or the server's limit where that is lower (vLLM's ``max_num_seqs`` or its
-  KV cache, llama.cpp's slots; bakeoff.stages.serve_capacity.search_limit), named in ``limit``. A search whose
+  KV cache, llama.cpp's slots; bakeoff.serving.capacity.search_limit), named in ``limit``. A search whose
   probe at that maximum passed found a lower bound, not a capacity: it is never reported as converged.
 * A search that hits its ``max_probes`` says it did not converge; its capacity is then a lower bound.
 """
@@ -66,12 +76,13 @@ from bakeoff.loadgen.metrics import RequestRecord
 from bakeoff.loadgen.orderstats import LEVEL
 
 __all__ = ["SLO_PRESETS", "Slo", "EarlyStop", "Search", "Verdict", "allowance", "bracket_from_cells", "judge",
-           "probe_requests", "probes_needed", "search_concurrency", "search_rate"]
+           "probe_requests", "probes_needed", "search_concurrency", "search_rate", "within_resolution"]
 
 Rule = Literal["point", "confident"]
 RULES: tuple[Rule, ...] = ("point", "confident")
 RATE_STEP = 1.5
 RATE_PROBES = 8  # the rate search's budget where none is configured
+RESOLUTION = 0.05  # the concurrency search's default: stop within 5 % of the highest pass (within_resolution)
 P99_SHARE = 0.01  # the share of requests a p99 bound allows over it
 # The fewest requests with which ``confident`` can pass: none over, 0.99^n <= 0.05 (299).
 MIN_CONFIDENT_REQUESTS = math.ceil(math.log(1.0 - LEVEL) / math.log1p(-P99_SHARE))
@@ -135,6 +146,10 @@ class EarlyStop:
                              f"{MIN_CONFIDENT_REQUESTS} (size it with probe_requests)")
 
     def __call__(self, record: RequestRecord) -> bool:
+        # A request sent while the load ramps up is outside the steady span the verdict judges: it neither
+        # counts against a bound nor fails the probe. getattr: records from before the field read as steady.
+        if getattr(record, "ramp", False):
+            return False
         self.violations.update(over(record, self.slo))
         if self.violations["failed"]:
             return True
@@ -181,10 +196,20 @@ class Search:
     probes: list[tuple[float, Verdict]] = field(default_factory=list)
     converged: bool = False
     capacity: float = 0.0  # the highest passing load (0: even the lowest probed failed)
+    fail: float | None = None  # the lowest failing load, the bracket's top (None: none failed)
     at_limit: bool = False  # the highest load allowed passed: capacity is at least this
     limit: str = "search maximum"  # what set the highest load allowed (module docstring: Limits)
     seeded: dict[str, int] = field(default_factory=dict)  # {"pass": c, "fail": c} taken from the fixed cells
     rechecks: list[tuple[float, Verdict, bool]] = field(default_factory=list)  # (load, re-run verdict, first passed)
+
+    @property
+    def bracket(self) -> str:
+        """The answer as a reader quotes it: ``"192–200"`` (highest pass–lowest fail), or ``"at least 1024"``
+        where nothing above the highest pass failed (a lower bound)."""
+        show = (lambda v: f"{v:.4g}") if self.kind == "rate" else (lambda v: f"{v:g}")
+        if self.fail is None:
+            return f"at least {show(self.capacity)}"
+        return f"{show(self.capacity)}–{show(self.fail)}"
 
     @property
     def binding(self) -> str:
@@ -212,15 +237,22 @@ def bracket_from_cells(met: dict[int, bool]) -> tuple[int, int | None]:
     return max(passes, default=0), fail
 
 
+def within_resolution(passed: float, failed: float, resolution: float = RESOLUTION) -> bool:
+    """Highest pass and lowest fail are close enough to stop: ``failed - passed <= max(1, floor(resolution x
+    passed))``. The 1e-9 keeps a product such as 0.05 x 60 from flooring one user short."""
+    return failed - passed <= max(1, math.floor(resolution * passed + 1e-9))
+
+
 def _bisect_concurrency(probe: Callable[[int], Verdict], s: Search, start: int, maximum: int, budget: int,
-                        known_pass: int, known_fail: int | None) -> tuple[int, int | None]:
+                        known_pass: int, known_fail: int | None,
+                        resolution: float = RESOLUTION) -> tuple[int, int | None]:
     seen: dict[int, Verdict] = {}
     passed = min(known_pass, maximum)
     failed = known_fail if known_fail is not None and known_fail <= maximum and known_fail > passed else None
     if passed >= maximum:
         s.at_limit = True
         return passed, failed
-    if failed is not None and failed - passed <= 1:
+    if failed is not None and within_resolution(passed, failed, resolution):
         s.converged = True
         return passed, failed
     c = (passed + failed) // 2 if failed is not None else min(2 * passed, maximum) if passed else max(1, min(start, maximum))
@@ -237,38 +269,42 @@ def _bisect_concurrency(probe: Callable[[int], Verdict], s: Search, start: int, 
                 break
             c = min(2 * c, maximum)
             continue
-        if failed - passed <= 1:
+        if within_resolution(passed, failed, resolution):
             s.converged = True
             break
         c = (passed + failed) // 2  # bisect (with no pass yet: halve, bracketing downwards)
     return passed, failed
 
 
-def probes_needed(start: int, maximum: int) -> int:
-    """The most probes the concurrency search takes, without seeds, over every true capacity in 0..maximum."""
+@lru_cache(maxsize=64)
+def probes_needed(start: int, maximum: int, resolution: float = RESOLUTION) -> int:
+    """The most probes the concurrency search takes at ``resolution``, without seeds, over every true capacity
+    in 0..maximum (cached: a search without a budget asks for it, and it runs the search once a capacity)."""
     worst = 0
     for truth in range(maximum + 1):
         s = Search("concurrency")
-        _bisect_concurrency(lambda c, t=truth: Verdict(c <= t), s, start, maximum, maximum + 1, 0, None)
+        _bisect_concurrency(lambda c, t=truth: Verdict(c <= t), s, start, maximum, maximum + 1, 0, None, resolution)
         worst = max(worst, len(s.probes))
     return worst
 
 
 def search_concurrency(probe: Callable[[int], Verdict], start: int, maximum: int, max_probes: int | None = None,
                        known_pass: int = 0, known_fail: int | None = None, recheck: bool = True,
-                       limit: str = "search maximum") -> Search:
-    """The closed-loop capacity (rules in the module docstring); ``max_probes`` None: ``probes_needed``;
-    ``limit`` names what set ``maximum``."""
+                       limit: str = "search maximum", resolution: float = RESOLUTION) -> Search:
+    """The closed-loop capacity (rules in the module docstring); ``max_probes`` None: ``probes_needed`` at
+    ``resolution`` (``within_resolution``); ``limit`` names what set ``maximum``."""
+    if resolution < 0:
+        raise ValueError(f"the concurrency search's resolution must not be negative, not {resolution}")
     s = Search("concurrency", limit=limit)
     if known_pass or known_fail is not None:
         s.seeded = {"pass": known_pass, **({"fail": known_fail} if known_fail is not None else {})}
-    budget = max_probes if max_probes is not None else probes_needed(start, maximum)
-    passed, failed = _bisect_concurrency(probe, s, start, maximum, budget, known_pass, known_fail)
+    budget = max_probes if max_probes is not None else probes_needed(start, maximum, resolution)
+    passed, failed = _bisect_concurrency(probe, s, start, maximum, budget, known_pass, known_fail, resolution)
     if recheck:
         for c, first in ((passed, True), (failed, False)):
             if c is not None and 0 < c <= maximum:
                 s.rechecks.append((c, probe(c), first))
-    s.capacity = float(passed)
+    s.capacity, s.fail = float(passed), None if failed is None else float(failed)
     return s
 
 
@@ -292,5 +328,5 @@ def search_rate(probe: Callable[[float], Verdict], start: float, max_probes: int
             rate = failed / RATE_STEP
         else:
             rate = math.sqrt(passed * failed)
-    s.capacity = passed
+    s.capacity, s.fail = passed, None if failed == math.inf else failed
     return s

@@ -8,14 +8,14 @@ the true ``q``-quantile lies between the ``l``-th and ``u``-th smallest is ``P(l
 often as stated, whatever the distribution. Where ``n`` is too small for a rank to exist (the p99's upper
 bound needs about 300 requests at 95 %), that end is open: ``None``, never a number.
 
-The binomial sums of the ranks are exact (log-space terms). The share's upper bound is scipy's beta
-quantile, the Clopper-Pearson bound's closed form (fast enough to run on every cell and in the capacity
-rule's simulations).
+The ranks' binomial sums are scipy's binomial CDF (the regularized incomplete beta function, accurate
+in the far tails the p99's ranks read), the same one the capacity rule's allowance uses. The share's upper
+bound is scipy's beta quantile, the Clopper-Pearson bound's closed form (fast enough to run on every cell
+and in the capacity rule's simulations).
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 
 import numpy as np
@@ -24,14 +24,10 @@ LEVEL = 0.95
 
 
 def binom_cdfs(n: int, p: float) -> np.ndarray:
-    """``P(B <= k)`` for ``k = 0..n`` and ``B ~ Binomial(n, p)``, from exact log-space terms."""
-    if p <= 0.0 or p >= 1.0:
-        return np.ones(n + 1) if p <= 0.0 else np.r_[np.zeros(n), 1.0]
-    k = np.arange(n + 1)
-    lgam = np.array([math.lgamma(i + 1) for i in range(n + 1)])
-    log_pmf = lgam[n] - lgam - lgam[::-1] + k * math.log(p) + (n - k) * math.log1p(-p)
-    pmf = np.exp(log_pmf - log_pmf.max())
-    return np.minimum(np.cumsum(pmf) / pmf.sum(), 1.0)
+    """``P(B <= k)`` for ``k = 0..n`` and ``B ~ Binomial(n, p)`` (``p`` in [0, 1])."""
+    from scipy.stats import binom
+
+    return np.asarray(binom.cdf(np.arange(n + 1), n, p), dtype=float)
 
 
 def binom_cdf(k: int, n: int, p: float) -> float:
