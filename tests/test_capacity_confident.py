@@ -180,7 +180,7 @@ def test_the_answer_page_names_the_rule_of_each_capacity_and_never_compares_two_
 
     assert "capacity_verdict_rule" in CAPACITY_COLUMNS
     same = slo_leaders([], [_cap_row("vllm-fp8", 200, "confident"), _cap_row("vllm-fp16", 150, "confident")])[0]
-    assert same.rule == "confident" and same.verdict == "beyond the search's resolution"
+    assert same.rule == "confident" and same.verdict.startswith("different: vllm-fp8 passed 200 users, where vllm-fp16 failed at 151")
     mixed = slo_leaders([], [_cap_row("vllm-fp8", 200, "point"), _cap_row("vllm-fp16", 150, "confident")])[0]
     assert mixed.verdict.startswith("no verdict: capacities made by different rules") and mixed.rule == "point / confident"
     assert slo_leaders([], [_cap_row("vllm-fp8", 64, None)])[0].rule == "point"  # before the rule was recorded
@@ -192,3 +192,15 @@ def test_the_answer_page_names_the_rule_of_each_capacity_and_never_compares_two_
     page = out.read_text()
     assert "data-rule='confident'" in page and "confident rule</small>" in page
     assert "<th>capacity_verdict_rule</th>" in page  # the capacity table shows the column too
+
+
+def test_a_ramped_probe_is_judged_on_its_steady_requests_not_the_whole_cell() -> None:
+    """After a ramp the over-bound shares are of the steady span's requests: counting the ramp's requests in
+    ``n`` would let one violation in 299 pass (the allowance of 600 is larger than that of 299)."""
+    from bakeoff.loadgen.capacity import allowance, confident_within
+
+    assert allowance(299) == 0 < allowance(600)
+    steady = {"completed": 600, "steady_requests": 299, "over_ttft_share": 1 / 299, "p99_ttft_ms": 1.0}
+    assert not confident_within(steady, "ttft")
+    burst = {"completed": 600, "over_ttft_share": 1 / 600, "p99_ttft_ms": 1.0}
+    assert confident_within(burst, "ttft")

@@ -144,8 +144,8 @@ def test_slo_leaders_rank_by_capacity_and_give_no_verdict_on_an_open_search() ->
                                                    _cap("llamacpp-q4", "cpu", 16, converged=False),
                                                    _cap("llamacpp-f16", "cpu", 9)])}
     assert (leads["server"].leader, leads["server"].value, leads["server"].runner_up) == ("llamacpp-q4", 12, "llamacpp-f16")
-    assert leads["server"].verdict == "beyond the search's resolution"
-    assert leads["interactive"].verdict.startswith("within the search's resolution")
+    assert leads["server"].verdict.startswith("different: llamacpp-q4 passed 12 users")
+    assert leads["interactive"].verdict.startswith("within the searches' resolution")
     cpu = leads["cpu"].verdict
     assert cpu.startswith("no verdict: a search stopped at a limit") and "llamacpp-q4: its probe budget" in cpu
     # a variant with capacity 0 sits on the frontier at 0 tok/s, not at some other cell's throughput
@@ -195,3 +195,29 @@ def test_an_unconverged_search_is_at_least_on_the_page_and_the_frontier() -> Non
     assert pts["llamacpp-f16"].throughput_at == "capacity under server"
     lead = slo_leaders([], caps)[0]
     assert lead.at_least == (True, False) and lead.verdict.startswith("no verdict")
+
+
+def test_two_searches_differ_only_where_their_brackets_do_and_only_under_one_start() -> None:
+    """At a 5 % resolution a search ends at a bracket: the leader's pass must reach the runner-up's fail (and be
+    more than one user above its pass) to be called different; overlapping brackets, or capacities made by
+    different starts (a burst against a ramp), give no verdict."""
+    def row(variant: str, c: int, fail: int, start: str = "ramp") -> dict[str, str]:
+        return {**_cap(variant, "interactive", c), "concurrency_fail": str(fail), "capacity_start": start,
+                "concurrency_bracket": f"{c}–{fail}"}
+
+    apart = slo_leaders([], [row("vllm-fp8", 320, 336), row("vllm-fp16", 256, 268)])[0]
+    assert apart.verdict == "different: vllm-fp8 passed 320 users, where vllm-fp16 failed at 268"
+    overlap = slo_leaders([], [row("vllm-fp8", 320, 336), row("vllm-fp16", 310, 325)])[0]
+    assert overlap.verdict.startswith("within the searches' resolution: the brackets overlap")
+    assert "vllm-fp8 320–336" in overlap.verdict and "vllm-fp16 310–325" in overlap.verdict
+    starts = slo_leaders([], [row("vllm-fp8", 320, 336), row("vllm-fp16", 192, 193, start="burst")])[0]
+    assert starts.verdict.startswith("no verdict: capacities made by different starts")
+
+
+def test_the_answer_gives_each_capacity_as_its_bracket_rule_and_start(tmp_path: Path) -> None:
+    row = {**_cap("vllm-fp8", "interactive", 192), "concurrency_fail": "200", "concurrency_bracket": "192–200",
+           "capacity_start": "ramp", "capacity_verdict_rule": "confident"}
+    lead = slo_leaders([], [row])[0]
+    assert lead.brackets == ("192–200 users, confident, ramped", "")
+    old = slo_leaders([], [_cap("vllm-fp8", "interactive", 192)])[0]  # a row from before brackets and starts
+    assert old.brackets == ("192 users, point, burst start", "")

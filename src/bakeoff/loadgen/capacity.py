@@ -167,10 +167,12 @@ class Verdict:
 def confident_within(metrics: Mapping[str, Any], bound: str) -> bool:
     """The 95 % upper bound on the share of the completed requests over ``bound`` is at most 1 %.
 
-    Reads ``over_<bound>_share`` of ``completed``: the metrics must have been summarized against the SLO's
-    bounds (a probe's are); where that share is missing nothing is shown, so the rule does not pass.
+    Reads ``over_<bound>_share`` of the requests the latency statistics read (``steady_requests``: after a ramp,
+    the steady span's; else ``completed``): the metrics must have been summarized against the SLO's bounds (a
+    probe's are); where that share is missing nothing is shown, so the rule does not pass.
     """
-    n, share = metrics.get("completed"), metrics.get(f"over_{bound}_share")
+    n = metrics.get("steady_requests", metrics.get("completed"))
+    share = metrics.get(f"over_{bound}_share")
     if not n or share is None:
         return False
     return round(float(share) * int(n)) <= allowance(int(n))

@@ -67,6 +67,43 @@ def _rule(r: Row) -> str:
     return str(r.get("capacity_verdict_rule") or "point")
 
 
+def _start(r: Row) -> str:
+    """How a capacity row's probes started (rows written before the start was recorded all had a burst)."""
+    return str(r.get("capacity_start") or "burst")
+
+
+def _fail(r: Row) -> float | None:
+    """The lowest failing concurrency of a row's search; rows written before it was recorded bracketed to
+    adjacent users, so a converged one failed at its capacity + 1."""
+    fail = number(r.get("concurrency_fail"))
+    if fail is None and _true(r.get("concurrency_converged")):
+        fail = (number(r.get("capacity_concurrency")) or 0.0) + 1
+    return fail
+
+
+def bracket_words(r: Row) -> str:
+    """A capacity as its search found it: the bracket, the rule and the start (``192–200 users, confident,
+    ramped``); rows written before the bracket was recorded give their capacity alone."""
+    start = "ramped" if _start(r) == "ramp" else "burst start"
+    found = r.get("concurrency_bracket") or f"{number(r.get('capacity_concurrency')) or 0:g}"
+    return f"{found} users, {_rule(r)}, {start}"
+
+
+def bracket_verdict(lead: Row, runner: Row) -> str:
+    """Whether two searches' brackets tell their capacities apart: the leader passed a load at which the
+    runner-up failed, more than one user above the runner-up's pass (different), or not (no verdict within the
+    searches' resolution)."""
+    value, second = number(lead["capacity_concurrency"]) or 0.0, number(runner["capacity_concurrency"]) or 0.0
+    fail = _fail(runner)
+    if value == second:
+        return "the same capacity"
+    if fail is not None and value >= fail and value - second > 1:  # one user apart is one probe's noise
+        return f"different: {_variant(lead)} passed {value:g} users, where {_variant(runner)} failed at {fail:g}"
+    return ("within the searches' resolution: the brackets overlap "
+            f"({_variant(lead)} {lead.get('concurrency_bracket') or value}, "
+            f"{_variant(runner)} {runner.get('concurrency_bracket') or second})")
+
+
 @dataclass(frozen=True)
 class Lead:
     experiment: str
@@ -84,6 +121,8 @@ class Lead:
     kind: str = ""  # spread.DIFFERENT, EQUIVALENT or NO_VERDICT; "" under an SLO or for an only variant
     margin: float = math.nan  # the equivalence margin (%) it was judged with
     rule: str = ""  # under an SLO: the capacity verdict rule that made the values (RULE_WORDS); "" at fixed load
+    # Under an SLO: each search's capacity as it found it, "192–200 users, confident, ramped" (bracket_words).
+    brackets: tuple[str, str] = ("", "")
 
     @property
     def margin_pct(self) -> float:
@@ -145,12 +184,12 @@ def slo_leaders(rows: Sequence[Row], capacity: Sequence[Row]) -> list[Lead]:
             note = f"; client saturated in probes {lead['client_saturated_probes']}" if lead.get(
                 "client_saturated_probes") else ""
             out.append(Lead(exp, p, node, slo, _variant(lead), value, "", math.nan, "only variant" + note,
-                            (not _true(lead.get("concurrency_converged")), False), rule=_rule(lead)))
+                            (not _true(lead.get("concurrency_converged")), False), rule=_rule(lead),
+                            brackets=(bracket_words(lead), "")))
             continue
         runner = ranked[1]
         second = number(runner["capacity_concurrency"]) or 0.0
-        verdict = ("the same capacity" if value == second else "beyond the search's resolution" if value - second > 1
-                   else "within the search's resolution (one concurrency step)")
+        verdict = bracket_verdict(lead, runner)
         if value == second and str(lead.get("concurrency_at_limit")) == "True":
             verdict = "the same at the search's maximum concurrency: both serve at least this many"
         open_ended = [f"{_variant(r)}: {r.get('concurrency_limit') or 'its probe budget'}" for r in (lead, runner)
@@ -167,12 +206,15 @@ def slo_leaders(rows: Sequence[Row], capacity: Sequence[Row]) -> list[Lead]:
         if _rule(lead) != _rule(runner):
             verdict = (f"no verdict: capacities made by different rules ({_variant(lead)}: {_rule(lead)}, "
                        f"{_variant(runner)}: {_rule(runner)})")
+        elif _start(lead) != _start(runner):
+            verdict = (f"no verdict: capacities made by different starts ({_variant(lead)}: {_start(lead)}, "
+                       f"{_variant(runner)}: {_start(runner)})")
         if saturated:
             verdict += f"; client saturated in probes of {', '.join(saturated)}"
         rule = _rule(lead) if _rule(lead) == _rule(runner) else f"{_rule(lead)} / {_rule(runner)}"
         out.append(Lead(exp, p, node, slo, _variant(lead), value, _variant(runner), second, verdict,
                         (not _true(lead.get("concurrency_converged")), not _true(runner.get("concurrency_converged"))),
-                        rule=rule))
+                        rule=rule, brackets=(bracket_words(lead), bracket_words(runner))))
     if searched:
         return out
     # No search: what the fixed cells say, per preset.

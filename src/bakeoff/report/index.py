@@ -67,6 +67,11 @@ def _table(columns: Sequence[str], rows: Iterable[Mapping[str, Any]], cls: str =
     return f"<table class='{cls}' {attrs}><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
 
 
+def _found(words: str) -> str:
+    """A capacity's bracket, rule and start under its value (bakeoff.report.answer.bracket_words)."""
+    return f"<br><small>{html.escape(words)}</small>" if words else ""
+
+
 def _lead_rows(leads: Sequence[answer.Lead], what: str) -> str:
     rows = []
     for x in leads:
@@ -76,9 +81,9 @@ def _lead_rows(leads: Sequence[answer.Lead], what: str) -> str:
                 f"data-runner='{html.escape(x.runner_up)}' data-rule='{html.escape(x.rule)}'")
         rule = f"<br><small>{html.escape(x.rule)} rule</small>" if x.rule else ""
         rows.append(f"<tr class='lead' {data}><td>{html.escape(x.load)}{rule}</td><td><b>{html.escape(x.leader)}</b></td>"
-                    f"<td>{'at least ' if x.at_least[0] else ''}{_num(x.value)}</td>"
+                    f"<td>{'at least ' if x.at_least[0] else ''}{_num(x.value)}{_found(x.brackets[0])}</td>"
                     f"<td>{html.escape(x.runner_up) or '&mdash;'}</td>"
-                    f"<td>{'at least ' if x.at_least[1] else ''}{_num(x.runner_value)}</td>"
+                    f"<td>{'at least ' if x.at_least[1] else ''}{_num(x.runner_value)}{_found(x.brackets[1])}</td>"
                     f"<td>{_num(x.margin_pct, 3)}{'%' if x.runner_up else ''}</td>"
                     f"<td class='l'>{html.escape(x.verdict)}</td></tr>")
     head = (f"<tr><th>load</th><th>leader</th><th>{what}</th><th>runner-up</th><th>{what}</th><th>margin</th>"

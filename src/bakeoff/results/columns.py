@@ -291,6 +291,9 @@ CLIENT = _mixed(
          "delay p50 and p99, retries.", "bakeoff.loadgen.health"),
         ("client_rerun", "bool", "The client saturated, and the cell was run once more, on fresh prompts, with "
          "twice the workers; these are that run's numbers (`load_note` has the first run's reason).", MEASURE),
+        ("client_shares_cores", "bool", "The client runs on the cores that serve (a CPU backend's server): a "
+         "saturated client there is named, never re-run with more workers, which would take cores from the "
+         "server (`load_note` says so).", MEASURE),
         ("stopped_early", "bool", "The client stopped sending: a capacity probe had certainly failed.",
          "bakeoff.loadgen.runner"),
     ],
@@ -580,7 +583,16 @@ CAPACITY_SEARCH = _family(
          "requests a probe)."),
         ("capacity_concurrency", COUNT, "Highest concurrency whose probe met the SLO (0: even the lowest "
          "failed)."),
-        ("concurrency_converged", "bool", "The concurrency search bracketed its capacity to adjacent values."),
+        ("capacity_start", "", "How each concurrency probe's users started (`load.capacity.start`): `ramp` (slot "
+         "j of c at j x ramp / c, the verdict over the steady span after the ramp) or `burst` (every slot at once)."),
+        ("concurrency_resolution", FRACTION, "The search stops once its lowest fail is within this share of its "
+         "highest pass, never closer than one user (`load.capacity.resolution`)."),
+        ("concurrency_converged", "bool", "The concurrency search bracketed its capacity within its resolution: "
+         "`concurrency_fail - capacity_concurrency <= max(1, floor(resolution x capacity_concurrency))`."),
+        ("concurrency_fail", COUNT, "The lowest concurrency whose probe failed: the bracket's top (empty where "
+         "none failed)."),
+        ("concurrency_bracket", "", "The capacity as the search found it: `pass–fail` (e.g. `192–200`), or `at "
+         "least N` where no load above the highest pass failed."),
         ("concurrency_at_limit", "bool", "The highest concurrency allowed passed: capacity is at least this (a "
          "lower bound; `concurrency_converged` is then False)."),
         ("concurrency_limit", "", "Where `concurrency_at_limit`: what set the highest concurrency allowed: `search "
@@ -606,6 +618,10 @@ CAPACITY_SEARCH = _family(
         ("joules_per_output_token_at_capacity", "J/token", "`joules_per_output_token` of that probe (GPU)."),
         ("p99_ttft_ms_at_capacity", MS, "`p99_ttft_ms` of that probe."),
         ("p99_tpot_ms_at_capacity", MS, "`p99_tpot_ms` of that probe."),
+        ("p99_ttft_ms_whole_cell_at_capacity", MS, "`p99_ttft_ms_whole_cell` of that probe: its TTFT with the "
+         "ramp's requests (empty for a burst, whose `p99_ttft_ms` already is the whole cell's)."),
+        ("steady_requests_at_capacity", COUNT, "`steady_requests` of that probe: the requests its verdict read."),
+        ("load_ramp_s_at_capacity", S, "`load_ramp_s` of that probe."),
         ("output_throughput_at_capacity_rate", TOK_S, "`output_throughput` of the probe at `capacity_rate`."),
         ("client_cpu_s_at_capacity", S, "`client_cpu_s` of the probe at capacity."),
         ("client_cpu_share_at_capacity", FRACTION, "`client_cpu_share` of the probe at capacity."),

@@ -39,6 +39,7 @@ from bakeoff.serving.measure import measure
 
 # What a capacity row reads from the probe at capacity.
 AT_CAPACITY = ("output_throughput", "request_goodput", "joules_per_output_token", "p99_ttft_ms", "p99_tpot_ms",
+               "p99_ttft_ms_whole_cell", "steady_requests", "load_ramp_s",
                "over_ttft_share", "over_ttft_share_ub95", "over_tpot_share", "over_tpot_share_ub95",
                "client_cpu_s", "client_cpu_share", "client_workers", "client_saturated")
 
@@ -165,12 +166,14 @@ def run(job: ServeJob, session: Session, base: dict[str, Any], load: LoadCfg, to
             maximum, limit = search_limit(session, cap.max_concurrency, p + load.output_len,
                                           str(base.get("parallel_set_by", "")))
             closed = search_concurrency(by_concurrency, cap.start_concurrency, maximum, cap.max_probes,
-                                        known_pass=known_pass, known_fail=known_fail, limit=limit)
+                                        known_pass=known_pass, known_fail=known_fail, limit=limit,
+                                        resolution=cap.resolution)
             c_star = int(closed.capacity)
             best = at.get(c_star, {})
             row = {**{k: base[k] for k in ("experiment", "model", "engine", "format", "hardware", "output_len")},
                    "node_id": best.get("node_id"), "prompt_len": p, "slo": slo.name, "slo_ttft_ms": slo.ttft_ms,
-                   "slo_tpot_ms": slo.tpot_ms, "capacity_verdict_rule": rule, **_search_columns(closed, "concurrency"),
+                   "slo_tpot_ms": slo.tpot_ms, "capacity_verdict_rule": rule, "capacity_start": cap.start,
+                   "concurrency_resolution": cap.resolution, **_search_columns(closed, "concurrency"),
                    **{f"{k}_at_capacity": best.get(k) for k in AT_CAPACITY}}
             # Sessions are a closed loop (bakeoff.loadgen.sessions): they have no arrival rate to search.
             if cap.rate and c_star > 0 and best.get("request_throughput") and load.workload.kind != "multiturn":
@@ -212,6 +215,7 @@ def _search_columns(s: Search, kind: str) -> dict[str, Any]:
             f"{kind}_limit": s.limit if s.at_limit else "",
             f"{kind}_probes": len(s.probes), f"binding_{kind}": s.binding}
     if kind == "concurrency":
+        cols.update(concurrency_fail=int(s.fail) if s.fail is not None else "", concurrency_bracket=s.bracket)
         cols.update(concurrency_seeded=json.dumps(s.seeded) if s.seeded else "",
                     concurrency_uncertain=s.uncertain, concurrency_recheck=s.recheck_note)
     return cols

@@ -51,6 +51,12 @@ def client_workers(job: ServeJob, load: LoadCfg, in_flight: int) -> int:
     return job.sizer.workers(in_flight, available_cores())
 
 
+def client_shares_cores(job: ServeJob) -> bool:
+    """Whether the client runs on the cores that serve: a CPU backend's server computes on this machine's cores,
+    so a client short of CPU there is not helped by more workers, which take cores from the server."""
+    return job.hardware.backend == "cpu"
+
+
 def measure(job: ServeJob, session: Session, base: dict, load: LoadCfg, tokenizer: Any, versions: dict, cell: Cell, *,
             n: int, n_warm: int, seed: int, request_rate: float | None, notes: list[str],
             stop_when: Callable[[RequestRecord], bool] | None = None, slos_ms: dict[str, float] | None = None,
@@ -74,19 +80,25 @@ def measure(job: ServeJob, session: Session, base: dict, load: LoadCfg, tokenize
     assert engine is not None
     window = MeasuredWindow(engine, gpu=job.hardware.backend == "cuda")  # GPU telemetry and server metrics, warm-up excluded
     in_flight = cell.concurrency if not open_loop else n
+    # Probes of a concurrency search start as load.capacity.start says (a ramp: users, not one burst); fixed cells
+    # as load.start (a burst: comparable with `vllm bench serve`). A ramp's requests are extra to the n measured.
+    start = load.capacity.start if closed else load.start
+    ramp_extra = cell.concurrency if start == "ramp" and not open_loop and kind != "multiturn" else 0
     workers = client_workers(job, load, in_flight)
+    shares_cores = client_shares_cores(job)
     pristine = copy.deepcopy(stop_when)  # an early stop counts what it saw: a re-run starts from none
     attempts = 0
     while True:
         work: workload.CellWork | None = None
         if kind == "fixed":
-            prompts = make_prompts(tokenizer, cell.prompt_len, n + n_warm, seed=seed + attempts, tag=f"{cell.name}-")
+            prompts = make_prompts(tokenizer, cell.prompt_len, n + ramp_extra + n_warm, seed=seed + attempts,
+                                   tag=f"{cell.name}-")
             warm, measured = prompts[:n_warm], prompts[n_warm:]
             requests: dict[str, Any] = {"prompts": measured}
         else:
             warm = make_prompts(tokenizer, cell.prompt_len, n_warm, seed=seed + attempts, tag=f"{cell.name}-w")
-            work = workload.build(load, tokenizer, cell.name, cell.prompt_len, n, cell.concurrency, seed + attempts,
-                                  request_rate, closed)
+            work = workload.build(load, tokenizer, cell.name, cell.prompt_len, n + ramp_extra, cell.concurrency,
+                                  seed + attempts, request_rate, closed)
             requests = work.run_kwargs()
         # The server's memory: its process tree's RSS, or its container's (never the docker client's);
         # GPU memory comes from the window, on the server's own GPUs.
@@ -94,7 +106,8 @@ def measure(job: ServeJob, session: Session, base: dict, load: LoadCfg, tokenize
             t_cell = time.time()
             cell_load = CellLoad(**requests, prompt_len=cell.prompt_len, output_len=load.output_len,
                                  concurrency=cell.concurrency, request_rate=request_rate, warmup_prompts=warm,
-                                 warmup_concurrency=n_warm, temperature=load.temperature, seed=seed)
+                                 warmup_concurrency=n_warm, temperature=load.temperature, seed=seed,
+                                 start=start, ramp_s=load.ramp_s)
             res = run_cell(engine.base_url, base["model"], cell_load,
                            api_key=engine.spec.engine.api_key, count_tokens=count_tokens,
                            label=f"{base['engine']}-{base['format']} {cell.name}", show_progress=job.show_progress,
@@ -102,6 +115,11 @@ def measure(job: ServeJob, session: Session, base: dict, load: LoadCfg, tokenize
                            workers=workers)
         more = min(2 * workers, in_flight)
         if not res.client["client_saturated"] or attempts or more <= workers or not engine.alive():
+            break
+        if shares_cores:
+            notes = [*notes, f"client saturated with {workers} worker(s) ({res.client['client_saturated_reason']}); "
+                             "not re-run: the client shares this machine's cores with the server, so more workers "
+                             "would take cores from the server they measure"]
             break
         # A saturated client measured itself: the cell is run once more, on fresh prompts, with twice the workers.
         notes = [*notes, f"client saturated with {workers} worker(s) ({res.client['client_saturated_reason']}); "
@@ -132,6 +150,7 @@ def measure(job: ServeJob, session: Session, base: dict, load: LoadCfg, tokenize
         cell_status, cell_reason = "degraded", "; ".join(metrics["errors"])[:500]
     record = {**record_base(base, cell, n, versions, session.startup_s), "status": cell_status,
               "reason": cell_reason, **metrics, **res.client, "client_rerun": attempts > 0,
+              "client_shares_cores": shares_cores,
               "peak_rss_bytes": mem.peak_rss,
               "load_note": "; ".join(x for x in notes if x), "warmup_requests": n_warm,
               "block": cell.repeat, "order": job.order,

@@ -38,7 +38,7 @@ COLUMNS = [
     "peak_rss_bytes", "memory_source", "peak_gpu_bytes", "weight_bytes", "bits_per_weight", "n_params",
     "startup_s", "server_start", "server_start_id", "slot_ctx", "warmup_requests",
     "client_cpu_s", "client_cpu_s_per_1k_tokens",
-    *CLIENT_HEALTH_COLUMNS, "client_rerun",
+    *CLIENT_HEALTH_COLUMNS, "client_rerun", "client_shares_cores",
     *SERVER_METRICS,
     *[c for c in TELEMETRY_COLUMNS if c != "peak_gpu_bytes"], *FINGERPRINT_COLUMNS, *SCRAPE_COLUMNS,
     "engine_settings", "parallel_set_by", "config_hash", "load_note",
@@ -52,13 +52,15 @@ COLUMNS = [
 # results/capacity.csv: one row per variant, prompt length and SLO (bakeoff.serving.capacity).
 CAPACITY_COLUMNS = [
     "schema_version", "experiment", "model", "engine", "format", "hardware", "node_id", "prompt_len", "output_len",
-    "slo", "slo_ttft_ms", "slo_tpot_ms", "capacity_verdict_rule",
-    "capacity_concurrency", "concurrency_converged", "concurrency_at_limit", "concurrency_limit", "concurrency_probes",
+    "slo", "slo_ttft_ms", "slo_tpot_ms", "capacity_verdict_rule", "capacity_start", "concurrency_resolution",
+    "capacity_concurrency", "concurrency_fail", "concurrency_bracket", "concurrency_converged", "concurrency_at_limit",
+    "concurrency_limit", "concurrency_probes",
     "binding_concurrency",
     "concurrency_seeded", "concurrency_uncertain", "concurrency_recheck",
     "capacity_rate", "rate_converged", "rate_at_limit", "rate_probes", "binding_rate",
     "output_throughput_at_capacity", "request_goodput_at_capacity", "joules_per_output_token_at_capacity",
-    "p99_ttft_ms_at_capacity", "p99_tpot_ms_at_capacity", "output_throughput_at_capacity_rate",
+    "p99_ttft_ms_at_capacity", "p99_tpot_ms_at_capacity", "p99_ttft_ms_whole_cell_at_capacity",
+    "steady_requests_at_capacity", "load_ramp_s_at_capacity", "output_throughput_at_capacity_rate",
     "over_ttft_share_at_capacity", "over_ttft_share_ub95_at_capacity", "over_tpot_share_at_capacity",
     "over_tpot_share_ub95_at_capacity",
     # the client beside the server's limit: its CPU at capacity, and every probe of the search where it saturated
