@@ -180,7 +180,8 @@ def test_the_answer_page_names_the_rule_of_each_capacity_and_never_compares_two_
 
     assert "capacity_verdict_rule" in CAPACITY_COLUMNS
     same = slo_leaders([], [_cap_row("vllm-fp8", 200, "confident"), _cap_row("vllm-fp16", 150, "confident")])[0]
-    assert same.rule == "confident" and same.verdict.startswith("different: vllm-fp8 passed 200 users, where vllm-fp16 failed at 151")
+    assert same.rule == "confident"
+    assert same.verdict.startswith("different: vllm-fp8 passed 200 users, where vllm-fp16 failed at 151")
     mixed = slo_leaders([], [_cap_row("vllm-fp8", 200, "point"), _cap_row("vllm-fp16", 150, "confident")])[0]
     assert mixed.verdict.startswith("no verdict: capacities made by different rules") and mixed.rule == "point / confident"
     assert slo_leaders([], [_cap_row("vllm-fp8", 64, None)])[0].rule == "point"  # before the rule was recorded
