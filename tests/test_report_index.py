@@ -221,3 +221,16 @@ def test_the_answer_gives_each_capacity_as_its_bracket_rule_and_start(tmp_path: 
     assert lead.brackets == ("192–200 users, confident, ramped", "")
     old = slo_leaders([], [_cap("vllm-fp8", "interactive", 192)])[0]  # a row from before brackets and starts
     assert old.brackets == ("192 users, point, burst start", "")
+
+
+def test_a_load_run_both_ways_shows_the_bursts_ttft_beside_the_steady_one() -> None:
+    from bakeoff.report.index import start_pairs
+
+    base = {"experiment": "e", "node_id": "n", "engine": "vllm", "format": "fp8", "prompt_len": "128",
+            "concurrency": "192", "status": "ok"}
+    burst = {**base, "cell": "cap-interactive-c192-p128", "p99_ttft_ms": "491"}  # before rows named their start
+    ramp = {**base, "cell": "cap-interactive-c192-p128-r", "load_start": "ramp", "p99_ttft_ms": "88",
+            "p99_ttft_ms_whole_cell": "130", "load_ramp_s": "6.4"}
+    other = {**base, "concurrency": "224", "load_start": "ramp", "p99_ttft_ms": "95"}  # no burst at 224
+    pairs = start_pairs([burst, ramp, other])
+    assert [(p["concurrency"], p["burst_p99_ttft_ms"], p["ramp_p99_ttft_ms"]) for p in pairs] == [("192", "491", "88")]

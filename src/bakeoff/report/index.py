@@ -155,6 +155,30 @@ def frontier_html(rows: Sequence[Mapping[str, Any]], capacity: Sequence[Mapping[
             f"{_png(frontier_figure(points))}{table}</section>")
 
 
+STARTS_KEY = ("experiment", "node_id", "engine", "format", "prompt_len", "concurrency")
+STARTS_COLUMNS = ["experiment", "engine", "format", "prompt_len", "concurrency", "burst_cell", "burst_p99_ttft_ms",
+                  "ramp_cell", "ramp_p99_ttft_ms", "ramp_p99_ttft_ms_whole_cell", "ramp_s"]
+
+
+def start_pairs(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """A burst's p99 TTFT beside the steady span's, for every load (variant, prompt, concurrency, node) that ran
+    both ways: what the start alone moved. Rows from before rows named their start were bursts."""
+    by: dict[tuple[str, ...], dict[str, Mapping[str, Any]]] = {}
+    for r in rows:
+        if r.get("status") not in ("ok", "degraded") or r.get("probe_of") == "rate":
+            continue
+        by.setdefault(tuple(str(r.get(k, "")) for k in STARTS_KEY), {})[str(r.get("load_start") or "burst")] = r
+    out = []
+    for key, starts in sorted(by.items()):
+        if {"burst", "ramp"} <= set(starts):
+            b, m = starts["burst"], starts["ramp"]
+            out.append({**dict(zip(STARTS_KEY, key, strict=True)), "burst_cell": b.get("cell") or "",
+                        "burst_p99_ttft_ms": b.get("p99_ttft_ms"), "ramp_cell": m.get("cell") or "",
+                        "ramp_p99_ttft_ms": m.get("p99_ttft_ms"),
+                        "ramp_p99_ttft_ms_whole_cell": m.get("p99_ttft_ms_whole_cell"), "ramp_s": m.get("load_ramp_s")})
+    return out
+
+
 def index_html(summary: Path, capacity_csv: Path | None, plots: Sequence[Path], out: Path,
                answer_csv: Path | None = None) -> None:
     """The page; and the answer as a table (``answer_csv``, results/answer.csv), where given."""
@@ -187,6 +211,9 @@ def index_html(summary: Path, capacity_csv: Path | None, plots: Sequence[Path], 
             f"<section id='capacity'><h2>Capacity under each SLO</h2>"
             + (_table(cap_cols, capacity, "sortable") if capacity else
                "<p>No capacity search ran (set <code>load.mode=capacity</code>).</p>")
+            + ("<h3>One load, two starts</h3><p>p99 TTFT where the same load ran as a burst (every user at once) "
+               "and on a ramp (the steady span after it, and the whole cell with the ramp).</p>"
+               + _table(STARTS_COLUMNS, pairs, "sortable") if (pairs := start_pairs(rows)) else "")
             + "</section><section id='published'><h2>Published numbers beside ours</h2>"
             + (_table(PUBLISHED, published, "sortable") if published else
                "<p>No row matches a published number (data/published_numbers.yaml).</p>")
