@@ -6,50 +6,23 @@ counts the requests it is serving at each arrival, so what the server saw is che
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Iterator
 from dataclasses import fields
 
 import pytest
-from aiohttp import web
 
 from bakeoff.engines.llamacpp import LlamaCppEngine
 from bakeoff.loadgen import sizing
 from bakeoff.loadgen.cellload import CellLoad
-from bakeoff.loadgen.echo_server import serving
+from bakeoff.loadgen.echo_server import InFlight, serving
 from bakeoff.loadgen.metrics import RequestRecord, summarize
 from bakeoff.loadgen.runner import plans, run_cell, schedule
 from bakeoff.loadgen.workers import deal, split
 
 
-class Counter:
-    """Middleware: the requests in service when each one arrives, and the most at once."""
-
-    def __init__(self) -> None:
-        self.now = 0
-        self.peak = 0
-        self.lock = threading.Lock()
-
-    def middleware(self) -> object:
-        @web.middleware
-        async def count(request: web.Request, handler):  # noqa: ANN001, ANN202
-            if request.path != "/v1/completions":
-                return await handler(request)
-            with self.lock:
-                self.now += 1
-                self.peak = max(self.peak, self.now)
-            try:
-                return await handler(request)
-            finally:
-                with self.lock:
-                    self.now -= 1
-
-        return count
-
-
 @pytest.fixture
-def echo() -> Iterator[tuple[str, Counter]]:
-    counter = Counter()
+def echo() -> Iterator[tuple[str, InFlight]]:
+    counter = InFlight()
     with serving(token_delay_s=0.004, middlewares=[counter.middleware()]) as url:
         yield url, counter
 
@@ -77,7 +50,7 @@ def test_the_open_loop_schedule_is_the_same_with_one_and_four_workers() -> None:
 
 
 @pytest.mark.parametrize("workers", [1, 4])
-def test_the_closed_loop_keeps_exactly_c_in_flight_and_merges_into_one_cell(echo: tuple[str, Counter],
+def test_the_closed_loop_keeps_exactly_c_in_flight_and_merges_into_one_cell(echo: tuple[str, InFlight],
                                                                             workers: int) -> None:
     url, counter = echo
     c, n = 8, 40
@@ -106,7 +79,7 @@ def test_the_closed_loop_keeps_exactly_c_in_flight_and_merges_into_one_cell(echo
     assert busy / (hi - lo) == pytest.approx(c, rel=0.01)
 
 
-def test_the_open_loop_sends_each_request_at_its_scheduled_time_on_the_shared_clock(echo: tuple[str, Counter]) -> None:
+def test_the_open_loop_sends_each_request_at_its_scheduled_time_on_the_shared_clock(echo: tuple[str, InFlight]) -> None:
     url, _ = echo
     n, rate = 30, 40.0
     res = run_cell(url, "m", CellLoad([f"p {i}" for i in range(n)], prompt_len=2, output_len=4, concurrency=n,
@@ -122,7 +95,7 @@ def test_the_open_loop_sends_each_request_at_its_scheduled_time_on_the_shared_cl
     assert all(start[i] < start[j] for i in range(n) for j in range(i + 1, n) if offsets[j] - offsets[i] > 0.01)
 
 
-def test_an_early_stop_seen_by_the_caller_stops_every_worker(echo: tuple[str, Counter]) -> None:
+def test_an_early_stop_seen_by_the_caller_stops_every_worker(echo: tuple[str, InFlight]) -> None:
     url, _ = echo
     seen: list[int] = []
 
@@ -137,7 +110,7 @@ def test_an_early_stop_seen_by_the_caller_stops_every_worker(echo: tuple[str, Co
 
 @pytest.mark.slow
 def test_two_workers_against_the_echo_server_give_a_complete_cell_with_each_workers_health(
-        echo: tuple[str, Counter]) -> None:
+        echo: tuple[str, InFlight]) -> None:
     import json
 
     url, _ = echo

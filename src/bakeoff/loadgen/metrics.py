@@ -48,6 +48,15 @@ concurrency ``c`` with ``N`` measured requests (:func:`steady_state`):
   **tail_share** -- ``tail_s / duration``.
 
 Fewer than ``c`` successful requests have no steady span (``None``).
+
+**The start** (bakeoff.loadgen.cellload). A ramped closed loop marks each request sent, or due, before its ramp
+ended (``RequestRecord.ramp``). Its latency statistics -- the TTFT, TPOT, ITL and E2EL statistics, their
+intervals, the shares over the SLO's bounds and the server's medians -- are taken over the requests after the
+ramp, so a verdict reads a served population, not a synchronized first wave; ``p99_ttft_ms_whole_cell`` keeps
+the whole cell's TTFT beside them. Counts, throughput, goodput and the steady span above stay the whole cell's.
+A burst marks no request, so its statistics are every request's, as in ``vllm bench serve``. Every cell says
+how it started: ``load_start`` (``burst``/``ramp``), ``load_ramp_s`` (the ramp's length, 0 for a burst) and
+``steady_requests`` (the completed requests its latency statistics read).
 """
 
 from __future__ import annotations
@@ -68,6 +77,8 @@ SERVER_METRICS = (SERVER_TPOT, SERVER_PROMPT)
 GOODPUT = "request_goodput"
 PEAK_IN_FLIGHT = "peak_in_flight"
 STEADY_METRICS = ("steady_output_throughput", "ramp_s", "tail_s", "tail_share")
+# How the cell's load started (module docstring: the start); the whole-cell TTFT only where it ramped.
+START_METRICS = ("load_start", "load_ramp_s", "steady_requests", "p99_ttft_ms_whole_cell")
 # 95 % order-statistic intervals (bakeoff.loadgen.orderstats) of these statistics of these latencies.
 CI_STATS = {"median": 50.0, "p99": 99.0}
 
@@ -118,6 +129,7 @@ class RequestRecord:
     schedule_delay: float | None = None
     done: float | None = None  # when the response ended (its last byte read), on the cell's clock
     retried: bool = False
+    ramp: bool = False  # sent, or due, before a ramped start ended: outside the latency statistics
 
     # The raw stream (reads, their arrival times, the send time) of a request whose decoding was deferred past
     # the measured window (bakeoff.loadgen.client.finish_deferred); never written out.
@@ -194,12 +206,16 @@ def peak_in_flight(records: list[RequestRecord]) -> int:
 
 
 def summarize(records: list[RequestRecord], duration_s: float, slos_ms: dict[str, float] | None = None,
-              concurrency: int | None = None) -> dict[str, Any]:
-    """Flat metric dict for one cell (keys as in ``vllm bench serve``; the steady span where ``concurrency`` is given)."""
-    ok = [r for r in records if r.success]
+              concurrency: int | None = None, *, start: str = "burst", ramp_s: float = 0.0) -> dict[str, Any]:
+    """Flat metric dict for one cell (keys as in ``vllm bench serve``; the steady span where ``concurrency`` is given).
+
+    ``start``/``ramp_s``: how the load started (bakeoff.loadgen.runner.CellResult's); the latency statistics leave
+    out the requests marked as the ramp's whatever they say (module docstring: the start)."""
+    completed = [r for r in records if r.success]
+    ok = [r for r in completed if not r.ramp]  # what the latency statistics read: every request of a burst
     failed = [r for r in records if not r.success]
-    out_tokens = sum(r.output_tokens for r in ok)
-    in_tokens = sum(r.prompt_tokens if r.prompt_tokens is not None else r.prompt_len for r in ok)
+    out_tokens = sum(r.output_tokens for r in completed)
+    in_tokens = sum(r.prompt_tokens if r.prompt_tokens is not None else r.prompt_len for r in completed)
     per = {
         "ttft": [r.ttft for r in ok],
         "tpot": [t for r in ok if (t := r.tpot) is not None],
@@ -208,16 +224,16 @@ def summarize(records: list[RequestRecord], duration_s: float, slos_ms: dict[str
     }
     res: dict[str, Any] = {
         "num_requests": len(records),
-        "completed": len(ok),
+        "completed": len(completed),
         "failed": len(failed),
         "errors": dict(Counter(r.error for r in failed)),
         "duration_s": duration_s,
         "total_input_tokens": in_tokens,
         "total_output_tokens": out_tokens,
-        "request_throughput": len(ok) / duration_s if duration_s > 0 else float("nan"),
+        "request_throughput": len(completed) / duration_s if duration_s > 0 else float("nan"),
         "output_throughput": out_tokens / duration_s if duration_s > 0 else float("nan"),
         "total_token_throughput": (in_tokens + out_tokens) / duration_s if duration_s > 0 else float("nan"),
-        "tokens_from_usage": all(r.tokens_from == "usage" for r in ok),
+        "tokens_from_usage": all(r.tokens_from == "usage" for r in completed),
     }
     for name in STAT_METRICS:
         res.update(_stats(name, per[name]))
@@ -236,7 +252,7 @@ def summarize(records: list[RequestRecord], duration_s: float, slos_ms: dict[str
     res[SERVER_PROMPT] = float(np.median(server_prompt)) if server_prompt else None
     if slos_ms:
         good = 0
-        for r in ok:
+        for r in completed:
             # as vLLM: a request with a single output token has TPOT 0 for goodput
             values = {"ttft": r.ttft, "tpot": r.tpot or 0.0, "e2el": r.e2el}
             if all(values[k] * 1000.0 <= v for k, v in slos_ms.items()):
@@ -246,4 +262,8 @@ def summarize(records: list[RequestRecord], duration_s: float, slos_ms: dict[str
     res[PEAK_IN_FLIGHT] = peak_in_flight(records)
     if concurrency is not None:
         res.update(steady_state(records, concurrency))
+    ramped = start == "ramp" or len(ok) < len(completed)
+    res.update(load_start="ramp" if ramped else "burst", load_ramp_s=float(ramp_s), steady_requests=len(ok))
+    if ramped:
+        res["p99_ttft_ms_whole_cell"] = _stats("ttft", [r.ttft for r in completed])[stat_key("p99", "ttft")]
     return res

@@ -18,18 +18,28 @@ import numpy as np
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from bakeoff.loadgen.cellload import CellLoad
+from bakeoff.loadgen.cellload import CellLoad, Start
 from bakeoff.loadgen.client import finish_deferred
 from bakeoff.loadgen.health import cell_health
-from bakeoff.loadgen.metrics import RequestRecord
+from bakeoff.loadgen.metrics import RequestRecord, summarize
 from bakeoff.loadgen.workers import Plan, deal, run_local, run_processes, split
 
 
 @dataclass
 class CellResult:
+    """A cell's requests (measured ones, by index), its duration, the client's health, and how its load started:
+    ``start`` as run (``burst`` for any load that does not ramp) and the ramp's length in seconds (0: none).
+    :meth:`summary` gives its metrics with those."""
+
     records: list[RequestRecord]
     duration_s: float
     client: dict[str, Any] = field(default_factory=dict)
+    start: Start = "burst"
+    ramp_s: float = 0.0
+
+    def summary(self, slos_ms: dict[str, float] | None = None, concurrency: int | None = None) -> dict[str, Any]:
+        """:func:`bakeoff.loadgen.metrics.summarize` of this cell, its start and ramp named."""
+        return summarize(self.records, self.duration_s, slos_ms, concurrency, start=self.start, ramp_s=self.ramp_s)
 
 
 def arrival_gaps(request_rate: float, count: int, seed: int) -> list[float]:
@@ -59,7 +69,8 @@ def plans(url: str, model: str, load: CellLoad, workers: int, headers: dict[str,
     w = worker_count(workers, load.concurrency, n, load.open_loop)
     warm = load.warmup_prompts or []
     warm_slots = split(max(load.concurrency, load.warmup_concurrency or 0, w), w)
-    slots = split(load.concurrency, w) if not load.open_loop else [0] * w
+    # closed loop: slot j of c on worker j mod w, so each worker holds its split share and a ramp's starts interleave
+    slots = [tuple(range(k, load.concurrency, w)) if not load.open_loop else () for k in range(w)]
     dealt: list[list[tuple[int, float]] | None]
     if load.offsets is not None:
         dealt = list(deal(load.offsets, w))
@@ -93,6 +104,12 @@ def run_cell(
     ``on_measure_start``/``on_measure_end`` run right before the first and right after the last measured
     request (warm-up excluded): per-cell telemetry such as the GPU energy counter is read exactly over the
     measured window.
+
+    A ramped load (``load.start == "ramp"``, bakeoff.loadgen.cellload) marks the requests sent during its ramp
+    (``RequestRecord.ramp``), and the cell's latency statistics leave them out: give it ``n + load.ramp_extra()``
+    prompts for ``n`` requests after the ramp. Nothing here adds prompts or drops any: every prompt is sent and
+    recorded. ``stop_when`` sees the ramp's requests too, marked. The result names the start and the ramp's
+    length as run (``CellResult.start``, ``ramp_s``; :meth:`CellResult.summary`).
     """
     url = base_url.rstrip("/") + "/v1/completions"
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else None
@@ -118,9 +135,10 @@ def run_cell(
             return stopped[0]
 
         if len(parts) == 1:
-            health = run_local(parts[0], takes, on_done, on_measure_start)
+            ran = run_local(parts[0], takes, on_done, on_measure_start)
         else:
-            health = run_processes(parts, takes, on_done, on_measure_start)
+            ran = run_processes(parts, takes, on_done, on_measure_start)
+        health = ran.health
         if on_measure_end is not None:
             on_measure_end()
     sent = [finish_deferred(r) for r in records if r is not None]
@@ -135,7 +153,7 @@ def run_cell(
     client["stopped_early"] = stopped[0]
     if load.sessions is not None:  # the workers' time assembling each turn's prompt, all together
         client["client_prompt_build_s"] = sum(float(h.get("prompt_build_s", 0.0)) for h in health)
-    return CellResult(sent, duration, client)
+    return CellResult(sent, duration, client, "ramp" if load.ramped else "burst", ran.ramp_s)
 
 
 async def run_cell_async(base_url: str, model: str, load: CellLoad, **kwargs: Any) -> CellResult:

@@ -8,7 +8,12 @@ no process start), and merged back into one cell:
 * **Closed loop.** The cell's concurrency ``c`` is split across the workers (:func:`split`), and every slot
   takes the next request index from one counter shared by all workers, so exactly ``c`` requests are in flight
   until the requests run out, as with one process. A request's intended send time is the moment its slot
-  freed (the cell's start for the first wave); its schedule delay is how much later it was sent.
+  freed (for its first request, the slot's start); its schedule delay is how much later it was sent.
+* **Ramped start** (bakeoff.loadgen.cellload states why). Slots are numbered across the cell, worker ``k`` of
+  ``W`` holding slots ``k, k + W, ...``, and slot ``j`` of ``c`` starts at ``j x ramp_s / c`` (a burst: all
+  at 0). An automatic ramp's length is the median end-to-end latency of every worker's warm-up requests, which
+  the workers bring to the second barrier; the caller fixes it with ``t0``. A request sent, or due, before the
+  ramp ended is marked ``ramp``.
 * **Open loop.** The one Poisson schedule (bakeoff.loadgen.runner.arrival_gaps) is dealt round-robin across
   the workers (:func:`deal`); each request is sent at its scheduled offset from the shared start, and its
   schedule delay is the actual send time minus that offset.
@@ -32,9 +37,9 @@ import queue as queue_mod
 import resource
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 import aiohttp
 import numpy as np
@@ -59,7 +64,7 @@ class Plan:
     model: str
     load: CellLoad
     headers: dict[str, str] | None = None
-    slots: int = 0  # closed loop: this worker's share of the concurrency
+    slots: tuple[int, ...] = ()  # closed loop: this worker's slots, by their index in the cell (0 .. c - 1)
     schedule: list[tuple[int, float]] | None = None  # open loop: (request index, send offset from t0 in s)
     warm: list[str] = field(default_factory=list)  # its warm-up prompts
     warm_slots: int = 1  # how many of them it sends at once (its share of the warm-up concurrency)
@@ -77,12 +82,29 @@ def deal(offsets: list[float], workers: int) -> list[list[tuple[int, float]]]:
     return [[(i, offsets[i]) for i in range(k, len(offsets), workers)] for k in range(workers)]
 
 
+class Release(NamedTuple):
+    """What the measure barrier hands every worker: the cell's start, and its ramp's length (0: a burst)."""
+
+    t0: float
+    ramp_s: float
+
+
+def ramp_length(load: CellLoad, warm_e2el: Sequence[float]) -> float:
+    """The cell's ramp in seconds: 0 unless the load ramps; its ``ramp_s`` where given; else the median end-to-end
+    latency of the warm-up's successful requests (``warm_e2el``, every worker's), one request cycle (0 if none)."""
+    if not load.ramped:
+        return 0.0
+    if load.ramp_s is not None:
+        return float(load.ramp_s)
+    return float(np.median(warm_e2el)) if len(warm_e2el) else 0.0
+
+
 class Control(Protocol):
     """What a worker shares with the cell: the request counter, the stop flag, the barriers, the results."""
 
     def take(self) -> int | None: ...
     def stopped(self) -> bool: ...
-    async def barrier(self, phase: str) -> float: ...
+    async def barrier(self, phase: str, warm_e2el: Sequence[float] = ()) -> Release: ...
     def done(self, record: RequestRecord, end: float) -> None: ...
     def end(self, health: dict[str, Any]) -> None: ...
 
@@ -94,6 +116,8 @@ class Local:
     n: int
     on_done: Callable[[RequestRecord, float], bool]  # True: stop
     on_measure_start: Callable[[], None] | None = None
+    load: CellLoad | None = None  # what the ramp's length is taken from (None: no ramp)
+    ramp_s: float = 0.0  # the ramp's length, once the measure barrier fixed it
     next_index: int = 0
     stop: bool = False
     health: list[dict[str, Any]] = field(default_factory=list)
@@ -107,12 +131,13 @@ class Local:
     def stopped(self) -> bool:
         return self.stop
 
-    async def barrier(self, phase: str) -> float:
+    async def barrier(self, phase: str, warm_e2el: Sequence[float] = ()) -> Release:
         if phase != "measure":
-            return 0.0
+            return Release(0.0, 0.0)
+        self.ramp_s = ramp_length(self.load, warm_e2el) if self.load is not None else 0.0
         if self.on_measure_start is not None:
             self.on_measure_start()
-        return time.perf_counter()
+        return Release(time.perf_counter(), self.ramp_s)
 
     def done(self, record: RequestRecord, end: float) -> None:
         if self.on_done(record, end):
@@ -131,6 +156,7 @@ class Shared:
     stop: Any  # mp.Event
     releases: dict[str, Any]  # phase -> mp.Event
     t0: Any  # mp.Value("d")
+    ramp_s: Any  # mp.Value("d"): the ramp's length, set with t0
     out: Any  # mp.Queue
     worker: int = 0
 
@@ -145,10 +171,10 @@ class Shared:
     def stopped(self) -> bool:
         return bool(self.stop.is_set())
 
-    async def barrier(self, phase: str) -> float:
-        self.out.put(("ready", self.worker, phase))
+    async def barrier(self, phase: str, warm_e2el: Sequence[float] = ()) -> Release:
+        self.out.put(("ready", self.worker, (phase, list(warm_e2el))))
         await asyncio.get_running_loop().run_in_executor(None, self.releases[phase].wait)
-        return float(self.t0.value)
+        return Release(float(self.t0.value), float(self.ramp_s.value))
 
     def done(self, record: RequestRecord, end: float) -> None:
         self.out.put(("done", self.worker, (record, end)))
@@ -190,6 +216,8 @@ class Driver:
     def __init__(self, plan: Plan, ctl: Control, cpu: Callable[[], float] = _cpu_s) -> None:
         self.plan, self.ctl, self.cpu, self.load = plan, ctl, cpu, plan.load
         self.t0 = 0.0  # the cell's start on the shared clock, once the measure barrier releases it
+        self.ramp_s = 0.0  # the ramp's length (0: a burst), fixed with t0
+        self.warm_e2el: list[float] = []  # this worker's successful warm-up requests' end-to-end latencies
         self.records: list[RequestRecord] = []  # this worker's measured requests, in the order sent
         self.build_s = 0.0  # seconds spent assembling multi-turn prompts, on this worker's clock
         self.lag: list[float] = []  # the loop-lag monitor's samples, seconds
@@ -205,7 +233,7 @@ class Driver:
                 aiohttp.ClientSession(connector=fresh_connector, timeout=timeout) as self._fresh:
             await self.ctl.barrier("warm")
             await self.warm()
-            self.t0 = await self.ctl.barrier("measure")
+            self.t0, self.ramp_s = await self.ctl.barrier("measure", self.warm_e2el)
             stop_lag = asyncio.Event()
             monitor = asyncio.create_task(_lag_monitor(self.lag, stop_lag))
             await until(self.t0)
@@ -236,8 +264,10 @@ class Driver:
 
         async def warm_one(i: int, p: str) -> None:
             async with sem:
-                await self.one(RequestRecord(-1 - i, self.load.prompt_len, self.load.output_len), p,
-                               time.perf_counter())
+                rec = await self.one(RequestRecord(-1 - i, self.load.prompt_len, self.load.output_len), p,
+                                     time.perf_counter())
+                if rec.success:
+                    self.warm_e2el.append(rec.e2el)
 
         await asyncio.gather(*(warm_one(i, p) for i, p in enumerate(self.plan.warm)))
 
@@ -251,19 +281,26 @@ class Driver:
         # needs this answer's text now: a wave of streams ending together is then no burst of decoding.
         await self.one(rec, load.prompts[i] if prompt is None else prompt, self.t0, defer=load.sessions is None)
         rec.schedule_delay = rec.start - intended
+        rec.ramp = min(rec.start, intended) < self.ramp_s
         rec.done = time.perf_counter() - self.t0
         self.ctl.done(rec, rec.done)
         return rec
 
+    def slot_start(self, j: int) -> float:
+        """When slot ``j`` of the cell's ``c`` sends its first request, from t0: ``j x ramp_s / c`` (0: a burst)."""
+        return j * self.ramp_s / self.load.concurrency
+
     async def closed_loop(self) -> None:
-        """The plan's slots, each sending the cell's next request as soon as its previous one ended."""
-        async def slot() -> None:
-            intended = 0.0
+        """The plan's slots, each from its start sending the cell's next request as soon as its previous one ended."""
+        async def slot(j: int) -> None:
+            intended = self.slot_start(j)
+            if intended > 0:
+                await until(self.t0 + intended)
             while not self.ctl.stopped() and (i := self.ctl.take()) is not None:
                 await self.request(i, intended)
                 intended = time.perf_counter() - self.t0  # the slot is free: its next request is due now
 
-        await asyncio.gather(*(slot() for _ in range(self.plan.slots)))
+        await asyncio.gather(*(slot(j) for j in self.plan.slots))
 
     async def sessions(self, sessions: Sessions) -> None:
         """The plan's slots, each running the cell's next session: its turns in order, each after the think time."""
@@ -286,7 +323,7 @@ class Driver:
                     intended = (rec.done or intended) + sessions.think_s[i]
                     await until(self.t0 + intended)
 
-        await asyncio.gather(*(session_slot() for _ in range(self.plan.slots)))
+        await asyncio.gather(*(session_slot() for _ in self.plan.slots))
 
     async def open_loop(self, schedule: list[tuple[int, float]]) -> None:
         """Each request of the plan's schedule at its offset from t0, however many are then in flight."""
@@ -337,10 +374,18 @@ class WorkerError(RuntimeError):
     """A worker process failed or vanished: the cell cannot be merged."""
 
 
+@dataclass
+class Ran:
+    """What the workers report of a cell beside its requests: each one's health, and the ramp they all used."""
+
+    health: list[dict[str, Any]]
+    ramp_s: float
+
+
 def run_processes(plans: list[Plan], n: int, on_done: Callable[[RequestRecord, float], bool],
                   on_measure_start: Callable[[], None] | None = None, join_timeout_s: float = 30.0,
-                  ) -> list[dict[str, Any]]:
-    """Run each plan in its own process, with the barriers and shared counter above; returns their health.
+                  ) -> Ran:
+    """Run each plan in its own process, with the barriers and shared counter above.
 
     ``on_done(record, end)`` runs in this process for each measured request as it completes; True stops the
     cell. Every process is joined, or terminated, before this returns or raises.
@@ -348,13 +393,14 @@ def run_processes(plans: list[Plan], n: int, on_done: Callable[[RequestRecord, f
     ctx = mp.get_context("spawn")  # never fork a process that holds threads (telemetry, progress)
     shared = dict(n=n, counter=ctx.Value("q", 0), stop=ctx.Event(),
                   releases={"warm": ctx.Event(), "measure": ctx.Event()}, t0=ctx.Value("d", 0.0),
-                  out=ctx.Queue())
+                  ramp_s=ctx.Value("d", 0.0), out=ctx.Queue())
     procs = [ctx.Process(target=_worker_main, args=(p, Shared(**shared, worker=p.worker)),
                          name=f"bakeoff-worker-{p.worker}", daemon=True) for p in plans]
     for proc in procs:
         proc.start()
     health: list[dict[str, Any]] = []
     ready: dict[str, int] = {"warm": 0, "measure": 0}
+    warm_e2el: list[float] = []
     out = shared["out"]
     try:
         while len(health) < len(plans):
@@ -368,13 +414,16 @@ def run_processes(plans: list[Plan], n: int, on_done: Callable[[RequestRecord, f
                 if on_done(*body):
                     shared["stop"].set()
             elif kind == "ready":
-                ready[body] += 1
-                if ready[body] == len(plans):
-                    if body == "measure":
+                phase, e2el = body
+                ready[phase] += 1
+                warm_e2el += e2el
+                if ready[phase] == len(plans):
+                    if phase == "measure":
+                        shared["ramp_s"].value = ramp_length(plans[0].load, warm_e2el)
                         if on_measure_start is not None:
                             on_measure_start()
                         shared["t0"].value = time.perf_counter() + START_LEAD_S
-                    shared["releases"][body].set()
+                    shared["releases"][phase].set()
             elif kind == "end":
                 health.append(body)
             else:
@@ -388,13 +437,13 @@ def run_processes(plans: list[Plan], n: int, on_done: Callable[[RequestRecord, f
             if proc.is_alive():
                 proc.terminate()
                 proc.join(timeout=5)
-    return sorted(health, key=lambda h: h["worker"])
+    return Ran(sorted(health, key=lambda h: h["worker"]), float(shared["ramp_s"].value))
 
 
 def run_local(plan: Plan, n: int, on_done: Callable[[RequestRecord, float], bool],
-              on_measure_start: Callable[[], None] | None = None) -> list[dict[str, Any]]:
-    """Run one plan in this process (a worker that needs no process of its own); returns its health."""
-    ctl = Local(n, on_done, on_measure_start)
+              on_measure_start: Callable[[], None] | None = None) -> Ran:
+    """Run one plan in this process (a worker that needs no process of its own)."""
+    ctl = Local(n, on_done, on_measure_start, plan.load)
 
     async def main() -> None:
         await drive(plan, ctl, time.thread_time)  # its own thread's CPU: not the telemetry's or the progress bar's
@@ -408,7 +457,7 @@ def run_local(plan: Plan, n: int, on_done: Callable[[RequestRecord, float], bool
 
         with concurrent.futures.ThreadPoolExecutor(1) as pool:
             pool.submit(_event_loop_runner(), main()).result()
-    return ctl.health
+    return Ran(ctl.health, ctl.ramp_s)
 
 
 def available_cores() -> int:
