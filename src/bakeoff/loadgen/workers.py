@@ -23,6 +23,9 @@ no process start), and merged back into one cell:
   ``start`` is relative to that one ``t0``.
 * **Early stop.** Each completed request goes to the caller, which applies the probe's ``stop_when`` and, once
   it holds, raises a shared flag; no worker sends another request after it sees the flag.
+* **Lifetime.** Workers die with their cell: terminated at once where the caller raises (a worker's error, a
+  stage's SIGTERM turned into an exception), and killed by the kernel where the caller dies without a word
+  (SIGKILL; :func:`die_with_parent`), so no cancelled cell keeps loading a server.
 
 Each worker reports its own health (bakeoff.loadgen.health): its event loop's lag, its requests' schedule
 delay and its CPU time over the measured window.
@@ -31,10 +34,13 @@ delay and its CPU time over the measured window.
 from __future__ import annotations
 
 import asyncio
+import ctypes
 import multiprocessing as mp
 import os
 import queue as queue_mod
 import resource
+import signal
+import threading
 import time
 import traceback
 from collections.abc import Callable, Sequence
@@ -362,8 +368,39 @@ def _event_loop_runner() -> Callable[[Any], Any]:
     return uvloop.run
 
 
-def _worker_main(plan: Plan, ctl: Shared) -> None:
-    """A worker process: drive its plan; any error goes to the caller, which fails the cell with it."""
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
+
+
+def die_with_parent(parent: int, poll_s: float = 0.2) -> None:
+    """End this process the moment the process that started it dies, however it dies (SIGKILL included).
+
+    On Linux the kernel's parent-death signal does it: SIGKILL once the thread that started this process exits
+    (that thread waits in :func:`run_processes` while its workers run). Set after the process started, it misses
+    a parent already gone, so the parent's pid is checked once it is set. Elsewhere a thread watches the pid.
+
+    Multiprocessing's resource tracker (started for the cell's shared counters) then ends too: it reads a pipe
+    whose writing ends only the caller and its workers hold, and exits once the pipe closes.
+    """
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
+            raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG)")
+    except (OSError, AttributeError):  # not Linux: watch the parent instead
+
+        def watch() -> None:
+            while os.getppid() == parent:
+                time.sleep(poll_s)
+            os._exit(1)
+
+        threading.Thread(target=watch, daemon=True, name="parent-watch").start()
+    if os.getppid() != parent:  # died before the signal was set: this process was handed to another parent
+        os._exit(1)
+
+
+def _worker_main(plan: Plan, ctl: Shared, parent: int) -> None:
+    """A worker process: drive its plan; any error goes to the caller, which fails the cell with it.
+    It dies with the caller's process (:func:`die_with_parent`)."""
+    die_with_parent(parent)
     try:
         _event_loop_runner()(drive(plan, ctl))
     except BaseException:  # noqa: BLE001 - reported to the caller, which raises it there
@@ -388,13 +425,15 @@ def run_processes(plans: list[Plan], n: int, on_done: Callable[[RequestRecord, f
     """Run each plan in its own process, with the barriers and shared counter above.
 
     ``on_done(record, end)`` runs in this process for each measured request as it completes; True stops the
-    cell. Every process is joined, or terminated, before this returns or raises.
+    cell. Every process is joined before this returns, or terminated at once where it raises (a worker's
+    error, or a signal's exception such as a stage's SIGTERM): a cancelled cell sends nothing more. A caller
+    that dies without raising (SIGKILL) takes its workers with it (:func:`die_with_parent`).
     """
     ctx = mp.get_context("spawn")  # never fork a process that holds threads (telemetry, progress)
     shared = dict(n=n, counter=ctx.Value("q", 0), stop=ctx.Event(),
                   releases={"warm": ctx.Event(), "measure": ctx.Event()}, t0=ctx.Value("d", 0.0),
                   ramp_s=ctx.Value("d", 0.0), out=ctx.Queue())
-    procs = [ctx.Process(target=_worker_main, args=(p, Shared(**shared, worker=p.worker)),
+    procs = [ctx.Process(target=_worker_main, args=(p, Shared(**shared, worker=p.worker), os.getpid()),
                          name=f"bakeoff-worker-{p.worker}", daemon=True) for p in plans]
     for proc in procs:
         proc.start()
@@ -402,6 +441,7 @@ def run_processes(plans: list[Plan], n: int, on_done: Callable[[RequestRecord, f
     ready: dict[str, int] = {"warm": 0, "measure": 0}
     warm_e2el: list[float] = []
     out = shared["out"]
+    finished = False
     try:
         while len(health) < len(plans):
             try:
@@ -428,14 +468,20 @@ def run_processes(plans: list[Plan], n: int, on_done: Callable[[RequestRecord, f
                 health.append(body)
             else:
                 raise WorkerError(f"load worker {worker} failed:\n{body}")
+        finished = True
     finally:
         shared["stop"].set()
         for ev in shared["releases"].values():
             ev.set()
         for proc in procs:
-            proc.join(timeout=join_timeout_s)
+            if finished:  # each sent its health: it is ending
+                proc.join(timeout=join_timeout_s)
             if proc.is_alive():
                 proc.terminate()
+        for proc in procs:
+            proc.join(timeout=5)
+            if proc.is_alive():
+                proc.kill()
                 proc.join(timeout=5)
     return Ran(sorted(health, key=lambda h: h["worker"]), float(shared["ramp_s"].value))
 
