@@ -130,17 +130,19 @@ def test_the_replay_keeps_the_order_and_the_scaled_gaps(echo: tuple[str, Arrival
 
 def test_the_generator_reproduces_the_statistics_it_was_drawn_from() -> None:
     """At the trace's own size the drawn trace has the source's means, burst shape, share of continued requests
-    and, within 15 %, its implied hit rate (the generator draws sources uniformly, the real trace favours recent
-    ones: docs/methodology.md). Without continuations the implied hit rate falls to the shared first block's."""
+    and, within 15 %, its implied hit rate (0.35 against 0.374: docs/methodology.md); its reuse distances are
+    tests/test_trace_reuse.py's. Without continuations the implied hit rate falls to the shared first block's."""
     stats = trace.load_stats(STATS)
     drawn = trace.trace_stats(trace.generate(stats, stats["requests"], 512, seed=3), 512)
     assert drawn["mean_input_length"] == pytest.approx(stats["published"]["mean_input_length"], rel=0.03)
     assert drawn["mean_output_length"] == pytest.approx(stats["published"]["mean_output_length"], rel=0.03)
     assert drawn["arrival"]["tick_s"] == stats["arrival"]["tick_s"]
-    assert drawn["arrival"]["batch_mean"] == pytest.approx(stats["arrival"]["batch_mean"], rel=0.03)
+    # The rate is held per 5-minute window (CV 0.079 a window): over ~12 windows the mean burst varies by 2.3 %.
+    assert drawn["arrival"]["batch_mean"] == pytest.approx(stats["arrival"]["batch_mean"], rel=0.07)
     assert drawn["continuation_share"] == pytest.approx(stats["continuation_share"], abs=0.02)
     assert drawn["implied_hit_rate"] == pytest.approx(stats["implied_hit_rate"], rel=0.15)
-    alone = trace.trace_stats(trace.generate({**stats, "continuation_share": 0.0}, 2000, 512, seed=3), 512)
+    never = {**stats, "continued_chance": {"opening": 0.0, "continuation": 0.0}}
+    alone = trace.trace_stats(trace.generate(never, 2000, 512, seed=3), 512)
     assert alone["implied_hit_rate"] < 0.1
 
 
@@ -317,5 +319,7 @@ def test_stats_of_a_trace_file_are_computed_the_way_the_shipped_ones_were(tmp_pa
     path.write_text("\n".join(lines) + "\n")
     st = trace.trace_stats(trace.read(path, 16), 16)
     assert st["root_blocks"] == 1 and st["continuation_share"] == 0.25  # only the second continues the first
-    assert st["arrival"] == {"tick_s": 3.0, "batch_mean": 2.0, "batch_variance_over_mean": 0.0}
+    assert st["arrival"] == {"tick_s": 3.0, "batch_mean": 2.0, "batch_variance_over_mean": 0.0, "window_s": 300.0,
+                             "windows": 0, "window_count_cv": None, "window_count_range": None}  # 3 s: no whole window
+    assert st["reuse_distance_quantiles"][50] == 1.0
     assert st["implied_hit_rate"] == pytest.approx((32 + 16 + 16) / (40 + 44 + 30 + 50))
