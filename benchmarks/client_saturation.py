@@ -38,7 +38,7 @@ def main() -> None:
     a = p.parse_args()
     with own_process(a.token_delay_ms) as (url, pid):
         print("workers concurrency  tok/s  median_tpot_ms  tpot_excess_pct  cpu_share(max)  lag_p99_ms  "
-              "sched_delay_p50/p99_ms  server_cpu_share  load_avg_1m")
+              "sched_delay_p50/p99_ms  slot_time_lost_pct  server_cpu_share  load_avg_1m")
         proc = psutil.Process(pid)
         rows = []
         for w, c in ((w, c) for w in a.workers for c in a.concurrency):
@@ -56,12 +56,14 @@ def main() -> None:
                    "client_cpu_share": m["client_cpu_share"], "client_loop_lag_p99_ms": m["client_loop_lag_p99_ms"],
                    "client_schedule_delay_p50_ms": m["client_schedule_delay_p50_ms"],
                    "client_schedule_delay_p99_ms": m["client_schedule_delay_p99_ms"],
+                   "client_slot_time_lost_share": m["client_slot_time_lost_share"],
                    "client_cpu_s_per_1k_tokens": m["client_cpu_s_per_1k_tokens"], "server_cpu_share": server_share,
                    "load_avg_1m": load1, "failed": m["failed"]}
             rows.append(row)
             print(f"{row['workers']:7d} {c:11d} {row['output_throughput']:6.0f} {row['median_tpot_ms']:15.2f} "
                   f"{excess:16.1f} {row['client_cpu_share']:14.2f} {row['client_loop_lag_p99_ms']:11.1f} "
                   f"{row['client_schedule_delay_p50_ms']:11.1f}/{row['client_schedule_delay_p99_ms']:<11.1f} "
+                  f"{100.0 * row['client_slot_time_lost_share']:18.2f} "
                   f"{server_share:16.2f} {load1:12.2f}", flush=True)
         print(json.dumps(rows))
 

@@ -342,14 +342,22 @@ class Driver:
         await asyncio.gather(*tasks)
 
     def health(self) -> dict[str, Any]:
-        """This worker's health over the measured window (bakeoff.loadgen.health judges it)."""
+        """This worker's health over the measured window (bakeoff.loadgen.health judges it).
+
+        ``loop``: ``closed`` (slots, sessions included) or ``open``. A closed loop's ``slot_time_lost_share`` is
+        its requests' schedule delays over its slots' time (each slot's from its start to the worker's end):
+        the share of the load it was given that the client held back."""
         delays = [1000.0 * r.schedule_delay for r in self.records if r.schedule_delay is not None]
         lag = self.lag
+        closed = self.plan.schedule is None
+        slot_s = sum(max(0.0, self.wall_s - self.slot_start(j)) for j in self.plan.slots)
+        lost = sum(max(0.0, d) for d in delays) / 1000.0 / slot_s if closed and slot_s > 0 else None
         return {"worker": self.plan.worker, "requests": len(self.records), "cpu_s": self.cpu_s,
                 "cpu_share": self.cpu_s / self.wall_s if self.wall_s > 0 else float("nan"),
                 "loop_lag_p99_ms": float(np.percentile(lag, 99) * 1000.0) if lag else 0.0,
                 "schedule_delay_p50_ms": float(np.percentile(delays, 50)) if delays else 0.0,
                 "schedule_delay_p99_ms": float(np.percentile(delays, 99)) if delays else 0.0,
+                "loop": "closed" if closed else "open", "slot_time_lost_share": lost,
                 "retried": sum(r.retried for r in self.records),
                 **({"prompt_build_s": self.build_s} if self.load.sessions is not None else {})}
 
