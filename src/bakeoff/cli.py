@@ -164,9 +164,14 @@ COMMANDS: dict[str, Command] = {
          arg("--api-key", default=None), arg("--seed", type=int, default=0),
          arg("--records", help="write per-request records (JSONL) here"))),
     "node": Command(
-        "run the GPU node's share of the DAG elsewhere: pack, collect, unpack", "bakeoff.node.command:run_command",
-        (arg("action", choices=["pack", "collect", "unpack", "record"]),
-         arg("tarball", nargs="?", help="unpack, record: the node-results.tgz that came back"),
+        "run the GPU node's share of the DAG elsewhere: plan, pack, collect, unpack, record",
+        "bakeoff.node.command:run_command",
+        (arg("action", choices=["plan", "pack", "collect", "unpack", "record"]),
+         arg("tarball", nargs="?", help="unpack, record: the node-results.tgz that came back; plan: the first override"),
+         arg("overrides", nargs="*", help="plan: the experiment's Hydra overrides, e.g. experiment=h100_capacity "
+                                          "hardware=h100 (bakeoff.node.plan)"),
+         arg("--record", metavar="RUN", help="plan: a record folder (runs/<name>): its plan beside the minutes its "
+                                             "call logs show, as Markdown"),
          arg("--repo", default=".", help="the checkout (pack, unpack) or the node's run directory (collect)"),
          arg("--source", help="pack: the pinned llama.cpp source (build/llamacpp/src-<commit>)"),
          arg("--wheels", help="pack: folder of the wheels the node lacks"),

@@ -1,4 +1,5 @@
-"""``bakeoff node``: pack a bundle for a GPU node, collect its results there, unpack them here, derive a record.
+"""``bakeoff node``: plan a node's minutes, pack a bundle for it, collect its results there, unpack them here,
+derive a record.
 
 Why one command: each action is one step of the node route (bakeoff.node.bundle says the route); the command
 names the step and passes the paths.
@@ -40,7 +41,11 @@ def pack_vllm_command(a: argparse.Namespace) -> None:
 
 
 def run_command(a: argparse.Namespace) -> None:
-    if a.action == "pack" and a.vllm:
+    if a.action == "plan":
+        from bakeoff.node.plan import plan_command  # composes a config and reads every record: only here
+
+        plan_command(a)
+    elif a.action == "pack" and a.vllm:
         pack_vllm_command(a)
     elif a.action == "pack":
         if not a.source or not a.wheels:
