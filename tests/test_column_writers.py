@@ -114,7 +114,9 @@ def test_the_loadgens_columns_come_out_of_the_loadgen_when_it_runs() -> None:
     records = [RequestRecord(index=i, prompt_len=32, output_len=8, start=0.01 * i, success=True, ttft=0.05 + 0.001 * i,
                              e2el=0.2 + 0.002 * i, itl=[0.02] * 7, prompt_tokens=32, output_tokens=8,
                              server_tpot_ms=20.0, server_prompt_ms=5.0) for i in range(8)]
-    out = summarize(records, 0.5, {"ttft": 2000, "tpot": 200}, concurrency=4)
+    for r in records[:4]:  # a ramped cell: the first wave went out on the ramp
+        r.ramp = True
+    out = summarize(records, 0.5, {"ttft": 2000, "tpot": 200}, concurrency=4, start="ramp", ramp_s=0.04)
     registered = [c.name for t in columns.TABLES for c in t.columns() if "bakeoff.loadgen.metrics" in c.writer]
-    assert {"peak_in_flight", "over_ttft_share", "over_tpot_share_ub95"} <= set(registered)
+    assert {"peak_in_flight", "over_ttft_share", "over_tpot_share_ub95", "p99_ttft_ms_whole_cell"} <= set(registered)
     assert [c for c in registered if c not in out] == [], sorted(out)

@@ -150,3 +150,12 @@ def test_the_equivalence_margin_is_checked_and_changes_what_is_said_not_what_is_
     assert config_hash(default) != config_hash(load_config(["load.repeats=2"]))
     with pytest.raises(ConfigError, match=r"answer\.equivalence_margin_pct: Input should be greater than 0"):
         load_config(["answer.equivalence_margin_pct=0"])
+
+
+def test_a_ramp_of_automatic_length_needs_a_warm_up() -> None:
+    """An automatic ramp is the warm-up's median latency: with no warm-up the config is refused, naming the fix."""
+    with pytest.raises(ConfigError, match=r"load\.warmup_requests or load\.warmup_per_slot above 0, or load\.ramp_s"):
+        load_config(["load.start=ramp", "load.warmup_requests=0", "+load.warmup_per_slot=0"])
+    assert load_config(["load.start=ramp", "load.warmup_requests=0", "+load.warmup_per_slot=0",
+                        "load.ramp_s=2.5"]).load.ramp_s == 2.5
+    assert load_config([]).load.capacity.start == "ramp" and load_config([]).load.start == "burst"

@@ -25,3 +25,17 @@ def test_load_prints_pure_json_on_stdout_and_progress_on_stderr(tmp_path: Path) 
     metrics = json.loads(proc.stdout)  # the whole of stdout is one JSON document
     assert metrics["completed"] == 4 and metrics["total_output_tokens"] == 32
     assert "load" in proc.stderr and "4/4" in proc.stderr  # the progress bar, on stderr
+
+
+def test_load_ramps_its_users_and_reads_latency_over_the_steady_span(tmp_path: Path) -> None:
+    """``--start ramp``: the ramp's requests come on top of ``--num-requests``, which are the steady span's."""
+    write_hf_tokenizer(tmp_path, n_vocab=512, context_length=512)
+    with serving() as url:
+        proc = subprocess.run([str(BIN / "bakeoff"), "load", "--url", url, "--model", "m", "--tokenizer", str(tmp_path),
+                               "--concurrency", "2", "--prompt-len", "16", "--output-len", "8", "--num-requests", "4",
+                               "--start", "ramp", "--ramp-s", "0.05"],
+                              capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    metrics = json.loads(proc.stdout)
+    assert metrics["load_start"] == "ramp" and metrics["load_ramp_s"] == 0.05
+    assert metrics["completed"] == 6 and metrics["steady_requests"] <= 4

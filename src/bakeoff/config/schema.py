@@ -351,6 +351,10 @@ class LoadCfg(_Strict):
 
     @model_validator(mode="after")
     def _workload_fits(self) -> LoadCfg:
+        ramps = self.start == "ramp" or (self.mode == "capacity" and self.capacity.start == "ramp")
+        if ramps and self.ramp_s is None and self.warmup_requests == 0 and self.warmup_per_slot == 0:
+            raise ValueError("a ramp of automatic length (load.ramp_s: null) is the warm-up's median latency: set "
+                             "load.warmup_requests or load.warmup_per_slot above 0, or load.ramp_s")
         kind = self.workload.kind
         if kind == "trace" and len(self.prompt_len) > 1:
             raise ValueError(f"load.workload.kind=trace: the trace sets each request's lengths, so load.prompt_len "

@@ -11,7 +11,6 @@ import json
 
 from bakeoff.errors import BakeoffError
 from bakeoff.loadgen.cellload import CellLoad
-from bakeoff.loadgen.metrics import summarize
 from bakeoff.loadgen.prompts import make_prompts
 from bakeoff.loadgen.runner import run_cell
 
@@ -23,13 +22,18 @@ def run_command(a: argparse.Namespace) -> None:
         raise BakeoffError(f"--concurrency must be >= 1, got {a.concurrency}")
     if a.prompt_len < 4 or a.output_len < 1 or a.num_requests < 1:
         raise BakeoffError("--prompt-len must be >= 4, --output-len and --num-requests >= 1")
+    if a.start == "ramp" and a.ramp_s is None and a.warmup < 1:
+        raise BakeoffError("--start ramp without --ramp-s takes the ramp from the warm-up: give --warmup >= 1")
     tok = AutoTokenizer.from_pretrained(a.tokenizer or a.model)
-    prompts = make_prompts(tok, a.prompt_len, a.num_requests + a.warmup, seed=a.seed)
+    # A ramp's requests come on top of the measured ones (bakeoff.loadgen.cellload): --num-requests stay measured.
+    extra = a.concurrency if a.start == "ramp" and a.request_rate is None else 0
+    prompts = make_prompts(tok, a.prompt_len, a.num_requests + extra + a.warmup, seed=a.seed)
     load = CellLoad(prompts[a.warmup:], prompt_len=a.prompt_len, output_len=a.output_len, concurrency=a.concurrency,
-                    request_rate=a.request_rate, warmup_prompts=prompts[:a.warmup], seed=a.seed)
+                    request_rate=a.request_rate, warmup_prompts=prompts[:a.warmup], seed=a.seed, start=a.start,
+                    ramp_s=a.ramp_s)
     res = run_cell(a.url, a.model, load, api_key=a.api_key,
                    count_tokens=lambda t: len(tok.encode(t, add_special_tokens=False)), label="load")
-    metrics = {**summarize(res.records, res.duration_s), **res.client}
+    metrics = {**res.summary(), **res.client}
     if a.records:
         with open(a.records, "w") as f:
             for r in res.records:

@@ -63,6 +63,7 @@ of that client; on this machine it took c=128's lag from 43 ms to 3 ms and c=256
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -71,8 +72,8 @@ SCHEDULE_DELAY_P99_MS_MAX = 40.0  # an open loop's
 SLOT_TIME_LOST_MAX = 0.02  # a closed loop's
 CPU_SHARE_MAX = 0.85
 COLUMNS = ["client_workers", "client_cpu_share", "client_loop_lag_p99_ms", "client_schedule_delay_p50_ms",
-           "client_schedule_delay_p99_ms", "client_retried", "client_saturated", "client_saturated_reason",
-           "client_worker_health"]
+           "client_schedule_delay_p99_ms", "client_slot_time_lost_share", "client_retried", "client_saturated",
+           "client_saturated_reason", "client_worker_health"]
 
 
 def worker_reasons(h: Mapping[str, Any]) -> list[str]:
@@ -86,7 +87,7 @@ def worker_reasons(h: Mapping[str, Any]) -> list[str]:
               ("cpu_share", CPU_SHARE_MAX, "CPU {:.2f} of one core > {:g}"))
     for key, limit, text in checks:
         v = h.get(key)
-        if v is not None and v == v and v > limit:
+        if v is not None and not math.isnan(v) and v > limit:
             reasons.append(text.format(v, limit))
     return reasons
 

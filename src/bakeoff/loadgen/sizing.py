@@ -26,7 +26,7 @@ class ClientSizer:
     seen: list[tuple[int, float, float]] = field(default_factory=list)  # (concurrency, output tok/s, CPU-s/1k)
 
     def observe(self, concurrency: int, output_tok_s: float | None, cpu_s_per_1k: float | None) -> None:
-        if output_tok_s and cpu_s_per_1k and output_tok_s == output_tok_s and cpu_s_per_1k == cpu_s_per_1k:
+        if output_tok_s and cpu_s_per_1k and not math.isnan(output_tok_s) and not math.isnan(cpu_s_per_1k):
             self.seen.append((max(concurrency, 1), float(output_tok_s), float(cpu_s_per_1k)))
 
     def expected_tok_s(self, concurrency: int) -> float:

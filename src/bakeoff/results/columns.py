@@ -195,6 +195,27 @@ STEADY = _family(
 )
 
 
+START = _family(
+    "start",
+    "How a closed loop's users started (bakeoff.loadgen.cellload): `burst`, every slot's first request at the "
+    "cell's start, as `vllm bench serve` sends; `ramp`, slot j of c at j x ramp / c, and then every latency "
+    "statistic (the percentiles, their intervals, the shares over the SLO's bounds, the server's medians) is the "
+    "steady span's: the requests sent after the ramp. Counts and throughput stay the whole cell's. Open loops and "
+    "sessions are `burst`.",
+    METRICS,
+    [
+        ("load_start", "", "`burst` or `ramp` (`load.start` for fixed cells, `load.capacity.start` for concurrency "
+         "probes)."),
+        ("load_ramp_s", S, "The ramp's length: `load.ramp_s`, or where that is null the median end-to-end latency "
+         "of the cell's warm-up requests; 0 for a burst."),
+        ("steady_requests", COUNT, "Completed requests the latency statistics read: after the ramp (every "
+         "completed request of a burst)."),
+        ("p99_ttft_ms_whole_cell", MS, "A ramped cell's p99 TTFT over every completed request, the ramp's "
+         "included; empty for a burst, whose `p99_ttft_ms` already is the whole cell's."),
+    ],
+)
+
+
 def _interval_rows() -> list[tuple[str, str, str]]:
     latencies = {"ttft": "time to first token", "tpot": "time per output token", "itl": "inter-token latency"}
     ends = {"lo": "Lower", "hi": "Upper"}
@@ -283,6 +304,9 @@ CLIENT = _mixed(
          "(1 = the one core its event loop can use).", "bakeoff.loadgen.health"),
         ("client_retried", COUNT, "Requests sent again on a fresh connection: the server had closed the "
          "kept-alive one before answering.", "bakeoff.loadgen.health"),
+        ("client_slot_time_lost_share", FRACTION, "A closed loop's slot-time the client lost, worst worker: the "
+         "sum of its requests' schedule delays over (slots x the measured window); above 0.02 the client held "
+         "load back (bakeoff.loadgen.health). Empty for an open loop.", "bakeoff.loadgen.health"),
         ("client_saturated", "bool", "A worker's lag, schedule delay or CPU share passed its threshold "
          "(bakeoff.loadgen.health): the latencies are partly the client's.", "bakeoff.loadgen.health"),
         ("client_saturated_reason", "", "Which worker passed which threshold, by how much.",
@@ -548,7 +572,7 @@ def _published(units: dict[str, str]) -> Family:
 
 
 def _summary() -> Table:
-    fams = [IDENTITY, OUTCOME, VLLM, STEADY, INTERVALS, MEMORY, SERVER, CLIENT, TELEMETRY, PROBES, WORKLOAD, QUALITY,
+    fams = [IDENTITY, OUTCOME, VLLM, STEADY, START, INTERVALS, MEMORY, SERVER, CLIENT, TELEMETRY, PROBES, WORKLOAD, QUALITY,
             KERNEL, ROOFLINE]
     units = {c.name: c.unit for f in fams for c in f.columns}
     return Table("summary", SUMMARY_PATH,

@@ -24,7 +24,7 @@ from bakeoff.hardware.memory import PeakSampler
 from bakeoff.loadgen import workload
 from bakeoff.loadgen.cellload import CellLoad
 from bakeoff.loadgen.cells import Cell, record_base
-from bakeoff.loadgen.metrics import RequestRecord, summarize
+from bakeoff.loadgen.metrics import RequestRecord
 from bakeoff.loadgen.prompts import make_prompts
 from bakeoff.loadgen.runner import run_cell
 from bakeoff.loadgen.workers import available_cores
@@ -129,8 +129,7 @@ def measure(job: ServeJob, session: Session, base: dict, load: LoadCfg, tokenize
     t_end = time.time()
     # The steady span: a closed loop that keeps c requests in flight (sessions pause between turns: not one).
     steady = not open_loop and kind != "multiturn"
-    metrics = summarize(res.records, res.duration_s, slos_ms or job.slos_ms,
-                        concurrency=cell.concurrency if steady else None)
+    metrics = res.summary(slos_ms or job.slos_ms, concurrency=cell.concurrency if steady else None)
     job.sizer.observe(in_flight, metrics.get("output_throughput"), res.client.get("client_cpu_s_per_1k_tokens"))
     telemetry = window.columns(metrics["total_output_tokens"], metrics["total_input_tokens"])
     notes = [base["load_note"], *notes, *session.notes]

@@ -22,7 +22,7 @@ from bakeoff.errors import BakeoffError
 from bakeoff.hardware.telemetry import COLUMNS as TELEMETRY_COLUMNS
 from bakeoff.hardware.telemetry import FINGERPRINT_COLUMNS
 from bakeoff.loadgen.health import COLUMNS as CLIENT_HEALTH_COLUMNS
-from bakeoff.loadgen.metrics import SERVER_METRICS, SUMMARY_METRICS
+from bakeoff.loadgen.metrics import SERVER_METRICS, START_METRICS, SUMMARY_METRICS
 from bakeoff.loadgen.prefix_cache import COLUMNS as PREFIX_CACHE_COLUMNS
 from bakeoff.loadgen.scrape import COLUMNS as SCRAPE_COLUMNS
 from bakeoff.loadgen.workload import COLUMNS as WORKLOAD_COLUMNS
@@ -34,7 +34,7 @@ COLUMNS = [
     "schema_version", "experiment", "model", "engine", "engine_version", "format", "hardware",
     "concurrency", "prompt_len", "output_len", "repeat", "block", "order", "node_id", "request_rate",
     "requests", "completed", "failed", "status", "reason",
-    *SUMMARY_METRICS,
+    *SUMMARY_METRICS, *START_METRICS,
     "peak_rss_bytes", "memory_source", "peak_gpu_bytes", "weight_bytes", "bits_per_weight", "n_params",
     "startup_s", "server_start", "server_start_id", "slot_ctx", "warmup_requests",
     "client_cpu_s", "client_cpu_s_per_1k_tokens",
