@@ -161,6 +161,10 @@ COMMANDS: dict[str, Command] = {
          arg("--output-len", type=int, default=128), arg("--num-requests", type=int, default=32),
          arg("--warmup", type=int, default=2),
          arg("--request-rate", type=float, default=None, help="Poisson req/s (default: closed loop)"),
+         arg("--start", choices=["burst", "ramp"], default="burst",
+             help="closed loop: every user at once (burst, as vllm bench serve) or staggered over --ramp-s (ramp: "
+                  "latency statistics over the steady span after it)"),
+         arg("--ramp-s", type=float, default=None, help="the ramp's length (default: the warm-up's median latency)"),
          arg("--api-key", default=None), arg("--seed", type=int, default=0),
          arg("--records", help="write per-request records (JSONL) here"))),
     "node": Command(
