@@ -17,7 +17,8 @@ that client's traffic; where it does not, the clients measure differently.
 Client CPU is the benchmarking process's own user+sys time (getrusage: itself and its finished children, so
 bakeoff's worker processes count) around each client's measured run; the clients run one at a time.
 
-Clients are named ``bakeoff:W`` (bakeoff's client with W workers) and ``vllm_bench``; each round runs every
+Clients are named ``bakeoff:W`` (bakeoff's client with W workers), ``bakeoff:auto`` (as many as
+``load.client.workers: auto`` picks) and ``vllm_bench``; each round runs every
 client once, the order rotating from round to round. The server is vLLM started here (the default, the
 embedded model on this CPU), an existing server (``--url``, e.g. vLLM on a GPU node), or the echo server
 (``--echo-token-delay-ms``: a stand-in that costs nothing, so only the clients' own CPU differs).
@@ -112,7 +113,8 @@ async def run_bakeoff(base_url: str, model: str, prompts: list[str], prompt_len:
             "median_tpot_ms": m["median_tpot_ms"], "p99_tpot_ms": m["p99_tpot_ms"], "p99_ttft_ms": m["p99_ttft_ms"],
             "cpu_s": cpu, "tokens": m["total_output_tokens"], "completed": m["completed"],
             **{k: res.client[k] for k in ("client_workers", "client_cpu_share", "client_loop_lag_p99_ms",
-                                          "client_schedule_delay_p99_ms", "client_saturated",
+                                          "client_schedule_delay_p99_ms", "client_slot_time_lost_share",
+                                          "client_saturated",
                                           "client_saturated_reason")}}
 
 
@@ -141,11 +143,24 @@ def server(a: argparse.Namespace, tok) -> Iterator[str]:
         yield engine.base_url
 
 
+SIZER = None  # bakeoff:auto's sizer: the cells measured on this server so far, as a serving job keeps them
+
+
 def run_client(who: str, url: str, a: argparse.Namespace, tok, prompts: list[str], c: int) -> dict:
+    """One client's run; ``bakeoff:W`` with W workers, ``bakeoff:auto`` with what the pipeline's sizer picks
+    (bakeoff.loadgen.sizing, fed every bakeoff run on this server as a serving job feeds it its cells)."""
+    global SIZER
+    from bakeoff.loadgen.sizing import ClientSizer
+    from bakeoff.loadgen.workers import available_cores
+
     if who == "vllm_bench":
         return asyncio.run(run_vllm_bench(url, a.served_name, tok, prompts, a.prompt_len, a.output_len, c))
-    workers = int(who.split(":", 1)[1]) if ":" in who else 1
-    return asyncio.run(run_bakeoff(url, a.served_name, prompts, a.prompt_len, a.output_len, c, workers))
+    SIZER = SIZER or ClientSizer()
+    kind = who.split(":", 1)[1] if ":" in who else "1"
+    workers = SIZER.workers(c, available_cores()) if kind == "auto" else int(kind)
+    res = asyncio.run(run_bakeoff(url, a.served_name, prompts, a.prompt_len, a.output_len, c, workers))
+    SIZER.observe(c, res["output_throughput"], 1000 * res["cpu_s"] / res["tokens"] if res["tokens"] else None)
+    return res
 
 
 def main() -> int:

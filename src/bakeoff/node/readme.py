@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import datetime as dt
 import re
+import statistics
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -406,38 +407,55 @@ def unfinished_section(probes: Sequence[Mapping[str, Any]]) -> list[str]:
 
 def client_check_section(check: Mapping[str, Any] | None) -> list[str]:
     """The client check (``client_check.json`` of benchmarks/client_vs_vllm_bench.py): every run, in the order
-    run, and the issue's two rules evaluated on them: where the 1-worker cell is not flagged it agrees with the
-    4-worker one within 3 % in output tok/s and p99 TPOT; where they differ by more, the 1-worker cell is flagged."""
+    run, then each bakeoff client against ``vllm bench serve`` per concurrency, paired by round: the median and
+    range of the ratios in output tok/s and p99 TPOT, whether the median is within 3 %, and how often the client
+    was flagged where it agreed (the goal: ``bakeoff:auto`` within 3 % at every c, never flagged where it agrees)."""
     if not check:
         return []
     runs = check.get("runs", {})
+    rounds = max((int(r.get("round", 0)) + 1 for rs in runs.values() for r in rs), default=0)
     out = ["### Client check", "",
-           "`client_check.json` (benchmarks/client_vs_vllm_bench.py on one vLLM server; one round per concurrency, "
-           "the clients in rotating order). CPU-s per 1k tokens is the benchmark process's and its finished "
-           "children's (worker processes' start-up included).", "",
-           "| c | client | position | output tok/s | median TTFT ms | median TPOT ms | p99 TPOT ms | CPU-s / 1k tok | "
-           "worst worker CPU share | worst lag p99 ms | worst schedule delay p99 ms | flagged |",
-           "|---|---|---|---|---|---|---|---|---|---|---|---|"]
-    rows = sorted(((r["concurrency"], who, r) for who, rs in runs.items() for r in rs), key=lambda t: (t[0], t[1]))
+           f"`client_check.json` (benchmarks/client_vs_vllm_bench.py on one vLLM server; {rounds} round(s) per "
+           "concurrency, the clients in rotating order). CPU-s per 1k tokens is the benchmark process's and its "
+           "finished children's (worker processes' start-up included).", "",
+           "| c | client | round | position | output tok/s | median TTFT ms | median TPOT ms | p99 TPOT ms | "
+           "CPU-s / 1k tok | workers | worst worker CPU share | worst lag p99 ms | worst schedule delay p99 ms | "
+           "slot-time lost | flagged |",
+           "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    rows = sorted(((r["concurrency"], who, r) for who, rs in runs.items() for r in rs),
+                  key=lambda t: (t[0], int(t[2].get("round", 0)), int(t[2].get("position", 0))))
     for c, who, r in rows:
         flagged = "" if who == "vllm_bench" else ("yes" if r.get("client_saturated") else "no")
-        out.append(f"| {c} | {who} | {r.get('position')} | {_f(r.get('output_throughput'), '.0f')} | "
-                   f"{_f(r.get('median_ttft_ms'))} | {_f(r.get('median_tpot_ms'), '.2f')} | "
-                   f"{_f(r.get('p99_tpot_ms'), '.2f')} | {_f(r.get('cpu_s_per_1k_tokens'), '.3f')} | "
+        out.append(f"| {c} | {who} | {r.get('round', '')} | {r.get('position')} | "
+                   f"{_f(r.get('output_throughput'), '.0f')} | {_f(r.get('median_ttft_ms'))} | "
+                   f"{_f(r.get('median_tpot_ms'), '.2f')} | {_f(r.get('p99_tpot_ms'), '.2f')} | "
+                   f"{_f(r.get('cpu_s_per_1k_tokens'), '.3f')} | {r.get('client_workers', '')} | "
                    f"{_f(r.get('client_cpu_share'), '.2f')} | {_f(r.get('client_loop_lag_p99_ms'))} | "
-                   f"{_f(r.get('client_schedule_delay_p99_ms'))} | {flagged} |")
-    one = {r["concurrency"]: r for r in runs.get("bakeoff:1", [])}
-    four = {r["concurrency"]: r for r in runs.get("bakeoff:4", [])}
-    out.append("")
-    for c in sorted(set(one) & set(four)):
-        a, b = one[c], four[c]
-        d_tok = 100 * (a["output_throughput"] / b["output_throughput"] - 1)
-        d_p99 = 100 * (a["p99_tpot_ms"] / b["p99_tpot_ms"] - 1)
-        differ = abs(d_tok) > 3 or abs(d_p99) > 3
-        verdict = ("differ by more than 3 %, and the 1-worker cell is flagged" if differ and a.get("client_saturated")
-                   else "differ by more than 3 %, and the 1-worker cell is NOT flagged" if differ
-                   else "agree within 3 %" + (" (the 1-worker cell is flagged)" if a.get("client_saturated") else ""))
-        out.append(f"- c={c}: 1 worker against 4: output tok/s {d_tok:+.1f} %, p99 TPOT {d_p99:+.1f} %: {verdict}.")
+                   f"{_f(r.get('client_schedule_delay_p99_ms'))} | {_f(r.get('client_slot_time_lost_share'), '.3f')} | "
+                   f"{flagged} |")
+    ref = {(r["concurrency"], int(r.get("round", 0))): r for r in runs.get("vllm_bench", [])}
+    out += ["", "Each bakeoff client against `vllm bench serve`, paired by round (ratio - 1, median and range):", "",
+            "| c | client | rounds | output tok/s | p99 TPOT | within 3 % (both medians) | flagged where within 3 % |",
+            "|---|---|---|---|---|---|---|"]
+    for who in sorted(w for w in runs if w != "vllm_bench"):
+        for c in sorted({r["concurrency"] for r in runs[who]}):
+            pairs = [(r, ref[(c, int(r.get("round", 0)))]) for r in runs[who]
+                     if r["concurrency"] == c and (c, int(r.get("round", 0))) in ref]
+            if not pairs:
+                continue
+            tok = sorted(100 * (r["output_throughput"] / v["output_throughput"] - 1) for r, v in pairs)
+            p99 = sorted(100 * (r["p99_tpot_ms"] / v["p99_tpot_ms"] - 1) for r, v in pairs
+                         if r.get("p99_tpot_ms") and v.get("p99_tpot_ms"))
+            med = [statistics.median(x) for x in (tok, p99) if x]
+            agree = len(med) == 2 and all(abs(m) <= 3 for m in med)
+            agreeing = [r for r, v in pairs if abs(r["output_throughput"] / v["output_throughput"] - 1) <= 0.03]
+            flags = sum(bool(r.get("client_saturated")) for r in agreeing)
+
+            def span(x: list[float]) -> str:
+                return f"{statistics.median(x):+.1f} % ({x[0]:+.1f} to {x[-1]:+.1f})" if x else ""
+
+            out.append(f"| {c} | {who} | {len(pairs)} | {span(tok)} | {span(p99)} | {'yes' if agree else 'no'} | "
+                       f"{flags} of {len(agreeing)} |")
     return out + [""]
 
 
