@@ -29,21 +29,9 @@ from contextlib import redirect_stdout
 import pytest
 
 from bakeoff.loadgen.capacity import probes_needed
-from bakeoff.node.plan import (
-    CALL_S,
-    NODE_S,
-    Plan,
-    PlanError,
-    Record,
-    RecordCheck,
-    check_record,
-    load_record,
-    load_records,
-    make_plan,
-    record_overrides,
-    record_section,
-    render,
-)
+from bakeoff.node.observed import PlanError, Record, load_record, load_records
+from bakeoff.node.plan import CALL_S, NODE_S, Plan, make_plan, render
+from bakeoff.node.plan_check import RecordCheck, check_record, record_overrides, record_section
 
 from conftest import ROOT
 

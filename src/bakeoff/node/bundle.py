@@ -81,7 +81,8 @@ set -u
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
 # vLLM's torch.compile and Triton caches in /tmp, which lasts as long as the node is held: every vLLM start after
 # the first on one node reuses the first one's compiled graphs and kernels.
-export VLLM_CACHE_ROOT=${VLLM_CACHE_ROOT:-/tmp/bakeoff-vllm-cache} TRITON_CACHE_DIR=${TRITON_CACHE_DIR:-/tmp/bakeoff-vllm-cache/triton}
+export VLLM_CACHE_ROOT=${VLLM_CACHE_ROOT:-/tmp/bakeoff-vllm-cache}
+export TRITON_CACHE_DIR=${TRITON_CACHE_DIR:-/tmp/bakeoff-vllm-cache/triton}
 B=$(cd "$(dirname "$0")" && pwd)
 PREPARE_RULES="PREPARE_RULES_HERE"
 PARTS=()

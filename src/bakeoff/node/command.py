@@ -42,7 +42,7 @@ def pack_vllm_command(a: argparse.Namespace) -> None:
 
 def run_command(a: argparse.Namespace) -> None:
     if a.action == "plan":
-        from bakeoff.node.plan import plan_command  # composes a config and reads every record: only here
+        from bakeoff.node.plan_check import plan_command  # composes a config and reads every record: only here
 
         plan_command(a)
     elif a.action == "pack" and a.vllm:

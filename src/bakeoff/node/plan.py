@@ -72,45 +72,54 @@ plan within 25 % of every record that can be re-planned.
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import re
 import shlex
-import tarfile
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from bakeoff.composition.compose import find_conf_dir, load_config
-from bakeoff.composition.walltime import QUALITY_MIN
 from bakeoff.config.schema import Config, LoadCfg
 from bakeoff.config.slo import SLO_PRESETS, Slo
 from bakeoff.engines import get_engine
-from bakeoff.errors import BakeoffError
-from bakeoff.layout import NODE_VLLM_DIR, NODE_VLLM_SITE, cell_name, is_cell_stem
+from bakeoff.layout import NODE_VLLM_DIR, NODE_VLLM_SITE, cell_name
 from bakeoff.loadgen.blocks import schedule
 from bakeoff.loadgen.capacity import Verdict, bracket_from_cells, probe_requests, probes_needed, search_concurrency
 from bakeoff.loadgen.cells import requests_for, warmup_for
 from bakeoff.models.weights import GIB
-from bakeoff.node.readme import Call, read_calls
-from bakeoff.results.roofline import decode_ceiling
+from bakeoff.node.observed import Record, load_records
+from bakeoff.node.rates import Rates
 
 CALL_S = 540  # Snakemake's time in one run call: node.sh's BAKEOFF_NODE_TIMEOUT_S default
+
+
 NODE_S = 25 * 60  # what a plan must fit: a node is held for at most 30 minutes; 5 are left for what goes wrong
+
+
 PREPARE_CALL_S = 90  # the node's start and the --prepare call: 1 to 2 minutes (docs/development.md, H100)
+
+
 PART_CALL_S = 60  # one part's transfer call: under a minute (docs/development.md)
+
+
 INSTALL_S = 31  # the last part's call installs vLLM (docs/development.md)
+
+
 PREPARE_GIVES_UP_S = 90  # node.sh stops waiting for the background prepare with this much of its budget left
+
+
 DEFAULT_PARTS = 6  # runs/h100-seed-p1024-2026-12-06 carried vLLM 0.24.0 in six parts
-DEFAULT_CALL_GAP_S = 20.0  # where no record has two calls: the records' gaps were 18-28 s
-DEFAULT_JOB_OVERHEAD_S = 20.0  # a serving job's own time beyond its server's start: the records' 15-26 s
+
+
 DEFAULT_BUILD_S = 390.0  # issue 45: llama.cpp's CUDA build takes about 6.5 minutes of a node's CPUs
-DEFAULT_JOB_S = 30.0  # a model rule no record ran: an assumption, said so
-FAIL_SHARE = 1.0  # where no record has a failing probe: a failing probe runs all its requests
+
+
 CARRIED = ".gpucarry"  # the bundle folder the node route carries (docs/node-route-vllm.md)
+
 
 # The plan's terms, in the order it prints them.
 TERMS = {
@@ -127,416 +136,11 @@ TERMS = {
     "lost": "lost at call limits",
     "overhead": "call overhead",
 }
+
+
 # A format's rule by its quant method (workflow/rules/models.smk).
 MODEL_RULES = {"fp16": "model_fp16", "fp8": "quantize_fp8", "fp8_online": "fp8_online", "fp8_dequant": "dequant_fp8",
                "gguf_convert": "convert_gguf", "gguf_quantize": "quantize_gguf"}
-# Bits a weight by format, for a model no record served (its n_params from its shape).
-BITS = {"F16": 16.0, "BF16": 16.0, "Q8_0": 8.5, "Q4_K_M": 4.84, "Q4_0": 4.5, "fp16": 16.0, "fp8": 8.3,
-        "fp8_online": 8.3, "fp8_dequant": 16.0}
-CHECK_RULES = ("gpu_check", "kernel_bench", "ecc_recheck", "node")
-
-
-class PlanError(BakeoffError):
-    """The plan cannot be made (a rate no record and no roofline gives)."""
-
-
-# --------------------------------------------------------------------------- what the records measured
-@dataclass(frozen=True)
-class Obs:
-    """One cell or probe a record measured."""
-
-    record: str
-    gpu: str
-    bandwidth_gbs: float | None
-    model: str
-    engine: str
-    plugin: str
-    fmt: str
-    name: str
-    prompt: int
-    c: int
-    started: float
-    seconds: float
-    probe: bool
-    values: Mapping[str, float]  # median/p99 TTFT/TPOT ms where measured
-    startup_s: float | None
-    weight_bytes: float | None
-    fail_share: float | None  # a failing probe: the share of its requests it ran before it stopped
-
-
-@dataclass(frozen=True)
-class StartObs:
-    """One serving job's start: the engine's own start and, for a finished job, the job's other time."""
-
-    record: str
-    gpu: str
-    plugin: str
-    first: bool  # the first start of this variant on the node (vLLM compiles its graphs)
-    startup_s: float
-    other_s: float | None
-
-
-@dataclass
-class Record:
-    """What planning reads from one record folder (runs/<name>/)."""
-
-    name: str
-    folder: Path
-    gpu: str
-    bandwidth_gbs: float | None
-    obs: list[Obs]
-    calls: list[Call]
-    bench: dict[tuple[str, ...], float]  # ("build",), ("model", model, format) -> seconds
-    kv_tokens: dict[tuple[str, str], list[int]]  # (engine, format) -> vLLM's KV cache sizes
-    quality_s: list[float]
-    starts: list[StartObs] = field(default_factory=list)
-
-
-def _plugin(rec: Mapping[str, Any]) -> str:
-    """The engine plugin of a cell: its version names llama.cpp's builds; an engine entry's name starts with its
-    plugin's (``llamacpp_cacheram``)."""
-    if str(rec.get("engine_version", "")).startswith("llama.cpp") or str(rec.get("engine", "")).startswith("llamacpp"):
-        return "llamacpp"
-    return str(rec.get("engine", ""))
-
-
-def _obs(name: str, gpu: str, bw: float | None, rec: Mapping[str, Any]) -> Obs | None:
-    if not rec.get("started_utc") or not rec.get("ended_utc") or not rec.get("concurrency"):
-        return None
-    cell = str(rec.get("cell") or cell_name(rec["concurrency"], rec["prompt_len"], rec.get("repeat")))
-    values = {k: float(rec[k]) for k in ("median_tpot_ms", "p99_tpot_ms", "median_ttft_ms", "p99_ttft_ms")
-              if isinstance(rec.get(k), (int, float)) and rec[k] > 0 and (rec.get("completed") or 0) > 0}
-    failed = rec.get("probe_passed") is False and rec.get("requests")
-    return Obs(name, gpu, bw, str(rec.get("model", "")), str(rec["engine"]), _plugin(rec), str(rec["format"]), cell,
-               int(rec["prompt_len"]), int(rec["concurrency"]), float(rec["started_utc"]),
-               float(rec["ended_utc"]) - float(rec["started_utc"]), cell.startswith("cap-"), values,
-               rec.get("startup_s"), rec.get("weight_bytes"),
-               float(rec.get("completed") or 0) / float(rec["requests"]) if failed else None)
-
-
-def _bench_key(path: str) -> tuple[str, ...] | None:
-    """A benchmark file's job: the llama.cpp build, or a model's format (``source``: the model itself)."""
-    if re.search(r"logs/bench/build/llamacpp/[^/]+\.tsv$", path):
-        return ("build",)
-    if m := re.search(r"logs/bench/models/([^/]+)/([^/]+)\.tsv$", path):
-        return ("model", m.group(1), m.group(2))
-    return None
-
-
-def _read_tarball(tgz: Path, name: str, gpu: str, bw: float | None) -> tuple[list[Obs], dict, dict, list[float]]:
-    obs: list[Obs] = []
-    bench: dict[tuple[str, ...], float] = {}
-    logs: dict[str, str] = {}
-    quality: list[float] = []
-    with tarfile.open(tgz) as tar:
-        for m in tar.getmembers():
-            if not m.isfile() or "/kept/" in m.name:
-                continue
-            stem = Path(m.name).stem
-            if m.name.startswith("results/raw/") and m.name.endswith(".json") and is_cell_stem(stem):
-                if (o := _obs(name, gpu, bw, json.load(tar.extractfile(m)))) is not None:  # type: ignore[arg-type]
-                    obs.append(o)
-            elif m.name.endswith("/quality.json"):
-                q = json.load(tar.extractfile(m))  # type: ignore[arg-type]
-                if q.get("status") == "ok" and q.get("eval_s"):
-                    quality.append(float(q["eval_s"]))
-            elif m.name.endswith("/server.log"):
-                logs[str(Path(m.name).parent)] = tar.extractfile(m).read().decode(errors="replace")  # type: ignore[union-attr]
-            elif (key := _bench_key(m.name)) is not None:
-                rows = tar.extractfile(m).read().decode().splitlines()  # type: ignore[union-attr]
-                if len(rows) > 1:
-                    bench[key] = float(rows[1].split("\t")[0])
-    kv: dict[tuple[str, str], list[int]] = defaultdict(list)
-    variants = {(o.engine, o.fmt) for o in obs}
-    for folder, text in logs.items():
-        sizes = [int(s.replace(",", "")) for s in re.findall(r"KV cache size: ([\d,]+) tokens", text)]
-        key = next(((e, f) for (e, f) in variants if folder.endswith(f"/{e}-{f}")), None)
-        if sizes and key is not None:
-            kv[key] += sizes
-    return obs, bench, dict(kv), quality
-
-
-def load_record(folder: Path) -> Record | None:
-    """The record in ``folder``, or None where it has no node tarball (a probe's notes, not a run)."""
-    tgz = folder / "node-results.tgz"
-    if not tgz.is_file():
-        return None
-    hw = json.loads((folder / "hardware.json").read_text()) if (folder / "hardware.json").is_file() else {}
-    gpus = hw.get("gpus") or []
-    gpu = str(gpus[0].get("name", "")) if gpus else ""
-    bw = (gpus[0].get("mem_bandwidth_gbs") if gpus else None) or (hw.get("hardware_config") or {}).get("mem_bandwidth_gbs")
-    obs, bench, kv, quality = _read_tarball(tgz, folder.name, gpu, bw)
-    rec = Record(folder.name, folder, gpu, bw, obs, read_calls(folder), bench, kv, quality)
-    rec.starts = _starts(rec)
-    return rec
-
-
-def _window(job_start: float, job_end: float, o: Obs) -> bool:
-    return job_start - 1 <= o.started <= job_end + 1  # the logs' stamps are whole seconds
-
-
-def _starts(rec: Record) -> list[StartObs]:
-    """Each serving job's start, in the record's call order: the first of a variant on the node or a later one."""
-    seen: set[tuple[str, str]] = set()
-    out: list[StartObs] = []
-    for call in rec.calls:
-        for job in call.jobs:
-            if not job.rule.startswith("serve_"):
-                continue
-            key = (job.wildcards.get("engine", ""), job.wildcards.get("format", ""))
-            s, e = job.started.timestamp(), (job.ended or call.ended).timestamp()
-            inside = [o for o in rec.obs if (o.engine, o.fmt) == key and _window(s, e, o)]
-            ups = [float(o.startup_s) for o in inside if o.startup_s is not None]
-            if not inside or not ups:
-                continue  # nothing measured: its cells were kept, or it stopped before its first
-            busy = sum(o.seconds for o in inside)
-            other = e - s - busy - max(ups) if job.outcome == "finished" else None
-            out.append(StartObs(rec.name, rec.gpu, inside[0].plugin, key not in seen, max(ups), other))
-            seen.add(key)
-    return out
-
-
-def load_records(runs: Path, exclude: Iterable[str] = ()) -> list[Record]:
-    """Every record under ``runs`` with a node tarball, but those named in ``exclude``."""
-    skip = set(exclude)
-    out = []
-    for folder in sorted(p for p in runs.iterdir() if p.is_dir() and p.name not in skip):
-        if (rec := load_record(folder)) is not None:
-            out.append(rec)
-    return out
-
-
-# --------------------------------------------------------------------------- rates
-@dataclass(frozen=True)
-class Rate:
-    value: float
-    source: str
-
-
-def _mean(xs: Sequence[float]) -> float:
-    return sum(xs) / len(xs)
-
-
-def _interp(points: Sequence[tuple[float, float]], x: float) -> float:
-    """Piecewise linear through ``points`` (sorted by x); beyond them, the nearest two's line; one point: flat."""
-    if len(points) == 1:
-        return points[0][1]
-    i = 1
-    while i < len(points) - 1 and points[i][0] < x:
-        i += 1
-    (x0, y0), (x1, y1) = points[i - 1], points[i]
-    return y0 + (y1 - y0) * (x - x0) / (x1 - x0)
-
-
-def _short(gpu: str) -> str:
-    return re.sub(r"^NVIDIA\s+", "", gpu).split()[0] if gpu else "unknown GPU"
-
-
-@dataclass
-class Rates:
-    """The rates of one planned config: its GPU model, model and formats, from the records (module docstring)."""
-
-    cfg: Config
-    records: list[Record]
-
-    def __post_init__(self) -> None:
-        self.gpu = self.cfg.hardware.gpu_model or ""
-        self.bandwidth = float(self.cfg.hardware.mem_bandwidth_gbs or 0.0)
-        self.model = self.cfg.model.name
-        self.kv_bytes = kv_bytes_per_token(self.cfg)
-        self.n_params = self._n_params()
-        self.obs = [o for r in self.records for o in r.obs if o.model == self.model]
-
-    def same(self, gpu: str) -> bool:
-        return bool(self.gpu) and gpu == self.gpu
-
-    def names(self, recs: Iterable[str]) -> str:
-        return ", ".join(sorted(set(recs)))
-
-    # ----- weights
-    def _n_params(self) -> float | None:
-        """The model's parameters from its shape (embeddings, attention, MLP); None where it states none."""
-        shape = self.cfg.model.synthetic
-        if shape is not None:
-            kv_dim = shape.n_embd // shape.n_head * shape.n_head_kv
-            layer = 2 * shape.n_embd * shape.n_embd + 2 * shape.n_embd * kv_dim + 3 * shape.n_embd * shape.n_ff
-            return float(2 * shape.n_vocab * shape.n_embd + shape.n_layer * layer)
-        return None
-
-    def weight_bytes(self, fmt: str) -> Rate | None:
-        """The format's weight bytes: as the records served it, else the model's parameters at its bits a weight."""
-        served = [float(o.weight_bytes) for o in self.obs if o.fmt == fmt and o.weight_bytes]
-        if served:
-            return Rate(_mean(served), "records")
-        q = self.cfg.formats.get(fmt)
-        bits = BITS.get(str(q.gguf_type).upper() if q and q.gguf_type else "") or (BITS.get(q.method) if q else None)
-        if self.n_params and bits:
-            return Rate(self.n_params * bits / 8.0, f"{bits:g} bits a weight")
-        return None
-
-    # ----- the roofline
-    def roof_tpot_ms(self, bw: float | None, weight: float | None, c: int, prompt: int) -> float | None:
-        """One decode step's roofline at c (module docstring), in ms; None without bandwidth or weight bytes."""
-        if not bw or not weight:
-            return None
-        step = 1.0 / decode_ceiling(bw, weight)
-        if self.kv_bytes:
-            step += c * self.kv_bytes * (prompt + self.cfg.load.output_len / 2) / (bw * 1e9)
-        peak = self.cfg.hardware.peak_tflops_fp16
-        if peak and self.n_params:
-            step = max(step, c * 2.0 * self.n_params / (peak * 1e12))
-        return 1000.0 * step
-
-    def roof_ttft_ms(self, c: int, prompt: int) -> float:
-        peak = self.cfg.hardware.peak_tflops_fp16
-        return 1000.0 * c * prompt * 2.0 * self.n_params / (peak * 1e12) if peak and self.n_params else 0.0
-
-    # ----- TPOT and TTFT at a concurrency
-    def _groups(self, engine: str, plugin: str, fmt: str, prompt: int) -> list[tuple[str, list[Obs]]]:
-        """The records' measurements of this prompt length, nearest first (module docstring: Rates)."""
-        mine = [o for o in self.obs if o.prompt == prompt and o.plugin == plugin]
-        tiers: list[Callable[[Obs], bool]] = [
-            lambda o: self.same(o.gpu) and o.engine == engine and o.fmt == fmt,  # this variant
-            lambda o: self.same(o.gpu) and o.fmt == fmt,  # this format on another engine entry of the plugin
-            lambda o: o.engine == engine and o.fmt == fmt,  # this variant on another GPU
-            lambda o: o.fmt == fmt,
-            lambda o: self.same(o.gpu),  # another format
-            lambda o: True,
-        ]
-        out = []
-        for keep in tiers:
-            by: dict[tuple[str, str, str], list[Obs]] = defaultdict(list)
-            for o in mine:
-                if keep(o):
-                    by[(o.gpu, o.engine, o.fmt)].append(o)
-            if by:
-                (g, e, f), group = max(by.items(), key=lambda kv: (len({o.c for o in kv[1]}), len(kv[1])))
-                label = "this variant" if (e, f) == (engine, fmt) else f"{e}-{f}"
-                out.append((label if self.same(g) else f"{label} on {_short(g)}", group))
-        return out
-
-    def metric(self, what: str, engine: str, plugin: str, fmt: str, prompt: int, c: int) -> Rate:
-        """``median_tpot_ms``, ``p99_tpot_ms``, ``median_ttft_ms`` or ``p99_ttft_ms`` at c (module docstring)."""
-        tpot = what.endswith("tpot_ms")
-        weight = self.weight_bytes(fmt)
-        for label, group in self._groups(engine, plugin, fmt, prompt):
-            pts: dict[int, list[float]] = defaultdict(list)
-            for o in group:
-                if what not in o.values:
-                    continue
-                if tpot:
-                    roof = self.roof_tpot_ms(o.bandwidth_gbs, o.weight_bytes, o.c, prompt)
-                    if roof is None or weight is None:
-                        continue
-                    pts[o.c].append(o.values[what] - roof)
-                else:
-                    pts[o.c].append(o.values[what])
-            if not pts:
-                continue
-            points = sorted((float(k), _mean(v)) for k, v in pts.items())
-            cs = sorted(pts)
-            where = (f"{_short(group[0].gpu)} records ({self.names(o.record for o in group)}): {label}, "
-                     f"p{prompt} at c={cs[0]}" + (f"–{cs[-1]}" if len(cs) > 1 else ""))
-            if not tpot:
-                return Rate(max(_interp(points, c), 0.0), where)
-            roof_here = self.roof_tpot_ms(self.bandwidth, weight.value if weight else None, c, prompt)
-            assert roof_here is not None
-            return Rate(roof_here + max(_interp(points, c), 0.0), where + " (its time beyond its roofline)")
-        if tpot:
-            roof_here = self.roof_tpot_ms(self.bandwidth, weight.value if weight else None, c, prompt)
-            if roof_here is None:
-                raise PlanError(f"no rate for {engine}-{fmt} at prompt {prompt}: no record measured it, and the "
-                                f"roofline needs the hardware's mem_bandwidth_gbs and the format's weight bytes")
-            return Rate(roof_here, "roofline alone (a lower bound)")
-        return Rate(self.roof_ttft_ms(c, prompt), "roofline prefill alone (a lower bound)")
-
-    def e2el_s(self, engine: str, plugin: str, fmt: str, prompt: int, c: int) -> float:
-        """One request's end-to-end seconds at concurrency c: TTFT + output_len x TPOT."""
-        ttft = self.metric("median_ttft_ms", engine, plugin, fmt, prompt, c).value
-        tpot = self.metric("median_tpot_ms", engine, plugin, fmt, prompt, c).value
-        return (ttft + self.cfg.load.output_len * tpot) / 1000.0
-
-    # ----- starts and jobs
-    def start(self, plugin: str, first: bool) -> Rate:
-        """A serving job's start (module docstring: server starts)."""
-        starts = [s for r in self.records for s in r.starts if s.plugin == plugin]
-        up: Rate | None = None
-        for where, keep in (("", lambda s: self.same(s.gpu) and s.first == first),
-                            (" (any start)", lambda s: self.same(s.gpu)),
-                            (" on another GPU", lambda s: s.first == first),
-                            (" on another GPU (any start)", lambda s: True)):
-            chosen = [s for s in starts if keep(s)]
-            if chosen:
-                gpus = _short(chosen[0].gpu) if where.startswith(" on") else _short(self.gpu)
-                up = Rate(_mean([s.startup_s for s in chosen]), f"{plugin} {'first' if first else 'later'} start"
-                          f"{where}, {gpus} records ({self.names(s.record for s in chosen)})")
-                break
-        other = [s.other_s for s in starts if s.other_s is not None]
-        rest = _mean(other) if other else DEFAULT_JOB_OVERHEAD_S
-        if up is None:
-            return Rate(60.0 + rest, f"{plugin}: no record started it (assumed 60 s)")
-        return Rate(up.value + rest, up.source + f" + {rest:.0f} s job overhead")
-
-    def job(self, key: tuple[str, ...], default: float = DEFAULT_JOB_S) -> Rate:
-        """A non-serving job's seconds: benchmark files (build, models), else call logs (checks)."""
-        for where, recs in (("", [r for r in self.records if self.same(r.gpu)]), (" (other GPUs)", self.records)):
-            got = [(r.name, s) for r in recs for s in self._job_times(r, key)]
-            if got:
-                return Rate(_mean([s for _, s in got]), f"records{where}: {self.names(n for n, _ in got)}")
-        return Rate(default, "no record (assumed)")
-
-    @staticmethod
-    def _job_times(r: Record, key: tuple[str, ...]) -> list[float]:
-        if key in r.bench:
-            return [r.bench[key]]
-        if key[0] in ("build", "model"):
-            return []
-        rule, fmt = key[0], key[1] if len(key) > 1 else None
-        return [(j.ended - j.started).total_seconds() for c in r.calls for j in c.jobs
-                if j.rule == rule and j.outcome == "finished" and j.ended is not None
-                and (fmt is None or j.wildcards.get("format") == fmt)]
-
-    def call_gap(self) -> Rate:
-        gaps = [(b.started - a.ended).total_seconds() for r in self.records
-                for a, b in zip(r.calls, r.calls[1:], strict=False) if a.elapsed_s is not None]
-        gaps = [g for g in gaps if 0 <= g < 120]
-        if gaps:
-            names = self.names(r.name for r in self.records if len(r.calls) > 1)
-            return Rate(_mean(gaps), f"gaps between calls, records {names}")
-        return Rate(DEFAULT_CALL_GAP_S, "no record with two calls (assumed)")
-
-    def fail_share(self) -> Rate:
-        failing = [o for o in self.obs if o.fail_share is not None]
-        if failing:
-            return Rate(_mean([o.fail_share or 0.0 for o in failing]),
-                        f"failing probes of records {self.names(o.record for o in failing)}")
-        return Rate(FAIL_SHARE, "no record has a failing probe")
-
-    def kv_tokens(self, engine: str, fmt: str, weight: float | None) -> Rate | None:
-        """vLLM's KV cache in tokens: its server logs on this GPU model, else GPU memory x utilisation less the
-        weights, over the KV bytes a token."""
-        sizes = [s for r in self.records if self.same(r.gpu) for s in r.kv_tokens.get((engine, fmt), [])]
-        if sizes:
-            return Rate(_mean(sizes), "server logs")
-        hw = self.cfg.hardware
-        util = float(self.cfg.engines[engine].settings.get("gpu_memory_utilization") or 0.9)
-        if hw.gpu_memory_gib and weight and self.kv_bytes:
-            return Rate((hw.gpu_memory_gib * GIB * max(1, hw.gpus) * util - weight) / self.kv_bytes, "GPU memory")
-        return None
-
-    def quality(self) -> Rate:
-        got = [(r.name, s) for r in self.records if self.same(r.gpu) for s in r.quality_s]
-        if got:
-            return Rate(_mean([s for _, s in got]), f"quality.json eval_s, records {self.names(n for n, _ in got)}")
-        return Rate(QUALITY_MIN * 60.0, "no record scored quality on this GPU: bakeoff.composition.walltime's bound")
-
-
-def kv_bytes_per_token(cfg: Config) -> float | None:
-    """KV cache bytes one token takes (f16 keys and values) from the model's shape; None where it has none."""
-    s = cfg.model.synthetic
-    if s is None:
-        return None
-    return float(s.n_layer * s.n_head_kv * (s.n_embd // s.n_head) * 2 * 2)
 
 
 # --------------------------------------------------------------------------- the plan's jobs
@@ -775,7 +379,7 @@ def pack(jobs: Sequence[Job], first_budget: float, entries: str, first_number: i
             continue
         fresh = budget == CALL_S and all(i is job.restart for _, i in cur.items)
         if fresh:  # a whole call cannot hold it: it would be cut off in every call
-            unfit.append(f"{job.label}: {item.label} ({_m(item.seconds)} min) does not fit a call's "
+            unfit.append(f"{job.label}: {item.label} ({minutes(item.seconds)} min) does not fit a call's "
                          f"{CALL_S // 60} minutes")
             items.pop(0)
             if not items:
@@ -904,7 +508,7 @@ def make_plan(overrides: Sequence[str], *, runs: Path | None = None, exclude: It
 
 
 # --------------------------------------------------------------------------- printing
-def _m(seconds: float) -> str:
+def minutes(seconds: float) -> str:
     return f"{seconds / 60:.1f}"
 
 
@@ -923,22 +527,22 @@ def render(plan: Plan) -> str:
     for key, label in TERMS.items():
         if terms[key] or key in ("start", "cells", "probes", "quality"):
             n = f" ({counts[key]})" if key in counts else ""
-            out.append(f"  {label + n:<52} {_m(terms[key]):>6}")
-    out.append(f"  {'total':<52} {_m(plan.total_s):>6}")
-    bg = ", ".join(f"{j.label} {_m(j.seconds)}" for j in plan.background)
-    out += ["", f"Background (node.sh --prepare, beside the part calls): {_m(plan.background_s)} min: {bg}"]
+            out.append(f"  {label + n:<52} {minutes(terms[key]):>6}")
+    out.append(f"  {'total':<52} {minutes(plan.total_s):>6}")
+    bg = ", ".join(f"{j.label} {minutes(j.seconds)}" for j in plan.background)
+    out += ["", f"Background (node.sh --prepare, beside the part calls): {minutes(plan.background_s)} min: {bg}"]
     verdict = "yes" if plan.fits else "no"
-    out.append(f"Fits {NODE_S // 60} minutes on one node: {verdict} ({_m(plan.total_s)} min in {len(plan.calls)} calls)")
+    out.append(f"Fits {NODE_S // 60} minutes on one node: {verdict} ({minutes(plan.total_s)} min in {len(plan.calls)} calls)")
     if plan.searches:
         worst = plan.total_s + plan.worst_extra_s()
-        out.append(f"If every capacity search took its whole budget (probes_needed + 2 re-checks): {_m(worst)} min "
+        out.append(f"If every capacity search took its whole budget (probes_needed + 2 re-checks): {minutes(worst)} min "
                    f"(fits: {'yes' if worst <= NODE_S and not plan.unfit else 'no'})")
     for u in plan.unfit:
         out.append(f"Does not fit: {u}")
     out += ["", f"Calls (a run call gives Snakemake at most {CALL_S // 60} minutes)"]
     for c in plan.calls:
-        inner = f" (Snakemake {_m(c.snakemake_s + c.lost_s)})" if c.snakemake_s or c.lost_s else ""
-        out.append(f"  {c.number:>2}  {_m(c.seconds):>4} min{inner}  {c.command}")
+        inner = f" (Snakemake {minutes(c.snakemake_s + c.lost_s)})" if c.snakemake_s or c.lost_s else ""
+        out.append(f"  {c.number:>2}  {minutes(c.seconds):>4} min{inner}  {c.command}")
         out.append(f"               {_describe(c)}")
     if plan.parts:
         out.append(f"  vLLM parts: {plan.parts[0]}, from {plan.parts[1]}")
@@ -951,7 +555,7 @@ def _describe(c: NodeCall) -> str:
     """What one call does, job by job: ``vllm-fp16 block 0: start 2.8, 3 cells 1.0``; its wait and its loss."""
     if c.does:
         return "; ".join(c.does)
-    parts = [f"waits {_m(c.wait_s)} min for the background prepare"] if c.wait_s else []
+    parts = [f"waits {minutes(c.wait_s)} min for the background prepare"] if c.wait_s else []
     if c.wait_s and not c.items:
         parts.append(f"node.sh gives up with {PREPARE_GIVES_UP_S} s of its call left: call again")
     jobs: dict[str, list[Item]] = defaultdict(list)
@@ -963,9 +567,9 @@ def _describe(c: NodeCall) -> str:
             by[i.term].append(i)
         what = []
         for term, group in by.items():
-            secs = _m(sum(i.seconds for i in group))
+            secs = minutes(sum(i.seconds for i in group))
             if term == "probes":
-                what += [f"{i.label} {_m(i.seconds)}" for i in group]
+                what += [f"{i.label} {minutes(i.seconds)}" for i in group]
             elif term == "cells":
                 what.append(f"{len(group)} cell{'s' if len(group) > 1 else ''} {secs}")
             elif term == "start":
@@ -974,7 +578,7 @@ def _describe(c: NodeCall) -> str:
                 what.append(f"{term} {secs}")
         parts.append(label + (f": {', '.join(what)}" if what else ""))
     if c.cut:
-        parts.append(f"stopped at its limit in {c.cut} ({_m(c.lost_s)} lost)")
+        parts.append(f"stopped at its limit in {c.cut} ({minutes(c.lost_s)} lost)")
     return "; ".join(parts)
 
 
@@ -995,220 +599,3 @@ def _rate_lines(plan: Plan) -> list[str]:
             s = rates.start(plugin, first)
             out.append(f"    {'first' if first else 'later'} start {s.value:.0f} s: {s.source}")
     return out
-
-
-# --------------------------------------------------------------------------- a record's plan beside its logs
-def record_overrides(folder: Path) -> list[str]:
-    """The Hydra overrides a record ran with: its call logs' ``--config`` entries, the same in every call."""
-    calls = sorted(folder.glob("call*-snakemake.log")) + sorted(folder.glob("logs/call*-snakemake.log"))
-    if not calls:
-        raise PlanError(f"{folder.name}: no call<N>-snakemake.log")
-    seen = set()
-    for p in calls:
-        m = re.search(r"--config (.*)$", p.read_text(errors="replace"), re.M)
-        if m is None:
-            raise PlanError(f"{p.name}: no --config entries")
-        seen.add(m.group(1).strip())
-    if len(seen) > 1:
-        raise PlanError(f"{folder.name}: its calls ran {len(seen)} different configs (the call logs' --config entries "
-                        f"differ), so no one config's plan describes it")
-    out: list[str] = []
-    for token in seen.pop().split():
-        key = token.partition("=")[0]
-        if out and out[-1].startswith("overrides=") and not re.fullmatch(r"[A-Za-z_]\w*", key):
-            out[-1] += " " + token
-        else:
-            out.append(token)
-    hydra: list[str] = []
-    for entry in out:
-        key, _, value = entry.partition("=")
-        hydra += shlex.split(value) if key == "overrides" else [] if key == "hardware" else [entry]
-    return [*hydra, "hardware=auto"]
-
-
-def as_run(folder: Path) -> list[tuple[str, str]]:
-    """Overrides that restore what a record's capacity search ran with where today's defaults differ, each with
-    why: its rows name the rule, start and resolution, or else predate them (the point rule, a burst start and a
-    bisection to adjacent loads were then the only ones); a search at its own maximum shows that maximum."""
-    rows: list[Mapping[str, Any]] = []
-    notes: list[str] = []
-    with tarfile.open(folder / "node-results.tgz") as tar:
-        for m in tar.getmembers():
-            if m.name.endswith("/capacity.json") and "/kept/" not in m.name:
-                rows += json.load(tar.extractfile(m)).get("capacity", [])  # type: ignore[arg-type]
-            elif "/cap-" in m.name and m.name.endswith(".json") and "/kept/" not in m.name:
-                notes.append(str(json.load(tar.extractfile(m)).get("load_note", "")))  # type: ignore[arg-type]
-    if not rows and not notes:
-        return []
-    rule = next((r["capacity_verdict_rule"] for r in rows if r.get("capacity_verdict_rule")), None)
-    named = next((m.group(1) for n in notes if (m := re.search(r"\b(point|confident) rule\b", n))), None)
-    out = [(f"++load.capacity.verdict={rule or named or 'point'}",
-            "its rows name the rule" if rule else "its probes' notes name the rule" if named else
-            "no file names the rule: the probes predate the confident one")]
-    start = next((r["capacity_start"] for r in rows if r.get("capacity_start")), None)
-    out.append((f"++load.capacity.start={start or 'burst'}", "its rows name the start" if start else
-                "no row names a start: every probe then began in a burst"))
-    res = next((r["concurrency_resolution"] for r in rows if r.get("concurrency_resolution") not in (None, "")), None)
-    out.append((f"++load.capacity.resolution={res if res else 1e-9}", "its rows name the resolution" if res else
-                "no row names a resolution: the search then bisected to adjacent loads"))
-    tops = [int(r["capacity_concurrency"]) for r in rows
-            if r.get("concurrency_at_limit") and r.get("concurrency_limit", "") in ("", "search maximum")]
-    if tops:
-        out.append((f"++load.capacity.max_concurrency={max(tops)}", "a search stopped at its own maximum"))
-    return out
-
-
-@dataclass
-class JobCheck:
-    """One job of a record's logs: its planned seconds (for the work it did) beside its logged seconds."""
-
-    call: int
-    label: str
-    outcome: str
-    logged_s: float
-    planned_s: float | None
-    note: str = ""
-
-
-@dataclass
-class RecordCheck:
-    name: str
-    overrides: list[str]
-    as_run: list[tuple[str, str]]
-    plan: Plan
-    jobs: list[JobCheck]
-    logged_total_s: float
-
-    @property
-    def compared(self) -> list[JobCheck]:
-        """The jobs with a plan for the work they did (module docstring of the test: what is compared)."""
-        return [j for j in self.jobs if j.planned_s is not None]
-
-    @property
-    def planned_s(self) -> float:
-        return sum(j.planned_s or 0.0 for j in self.compared)
-
-    @property
-    def logged_s(self) -> float:
-        return sum(j.logged_s for j in self.compared)
-
-    @property
-    def error(self) -> float:
-        """The plan's relative error over the compared jobs: planned / logged - 1."""
-        return self.planned_s / self.logged_s - 1.0
-
-
-def _serve_planned(plan: Plan, rec: Record, job: Any, call: Call, first: bool) -> tuple[float | None, float, str]:
-    """A logged serving job's planned seconds for the work it did, and its logged seconds for that work.
-
-    A finished job: its start, the cells it measured (the plan's seconds for each), the plan's searches where it
-    probed, and the plan's quality, against the job's logged time. A job stopped by a call's limit: its start,
-    its cells and each probe it finished (the plan's seconds for a probe at that c), against its time up to the
-    end of its last cell or probe; what it ran after that was lost at the limit, which the plan has as such.
-    """
-    e, f = job.wildcards.get("engine", ""), job.wildcards.get("format", "")
-    s, end = job.started.timestamp(), (job.ended or call.ended).timestamp()
-    inside = [o for o in rec.obs if (o.engine, o.fmt) == (e, f) and _window(s, end, o)]
-    logged = max(o.started + o.seconds for o in inside) - s if inside and job.outcome != "finished" else end - s
-    mine = [j for j in plan.jobs if j.engine == e and j.fmt == f]
-    block = int(job.wildcards["block"]) if "block" in job.wildcards else max((j.block or 0 for j in mine), default=0)
-    planned = next((j for j in mine if j.block == block), None)
-    if planned is None:
-        return None, logged, "not in the plan's config"
-    if not inside:
-        return None, logged, "nothing measured before its limit: lost"
-    cells = {i.label: i.seconds for i in planned.items if i.term == "cells"}
-    names = [o.name for o in inside if not o.probe]
-    if missing := [n for n in names if n not in cells]:
-        return None, logged, f"cells {', '.join(missing)} not in the plan's config"
-    total = plan.rates.start(plan.cfg.engines[e].plugin, first).value + sum(cells[n] for n in names)
-    probes = [o for o in inside if o.probe]
-    if job.outcome == "finished":
-        total += sum(i.seconds for i in planned.items if i.term in ("probes", "quality"))
-    else:
-        load = plan.cfg.load.for_variant(plan.cfg.engines[e].load, f)[0]
-        for o in probes:
-            slo = re.match(r"cap-([a-z0-9_]+)-c", o.name)
-            total += probe_s(plan.rates, e, f, load, SLO_PRESETS[slo.group(1) if slo else "server"], o.prompt, o.c)[1]
-    note = f"{len(names)} cells, {len(probes)} probes" + ("" if job.outcome == "finished" else ", to its last")
-    return total, logged, note
-
-
-def _other_planned(plan: Plan, job: Any) -> float | None:
-    rates, rule, fmt = plan.rates, job.rule, job.wildcards.get("format")
-    if rule == "build_llamacpp":
-        return rates.job(("build",), DEFAULT_BUILD_S).value
-    if rule == "fetch_model":
-        return rates.job(("model", plan.cfg.model.name, "source")).value
-    if rule in MODEL_RULES.values() and fmt:
-        return rates.job(("model", plan.cfg.model.name, fmt)).value
-    if rule in CHECK_RULES:
-        return rates.job((rule, fmt) if fmt else (rule,), 5.0).value
-    return None
-
-
-def check_record(folder: Path, *, runs: Path | None = None, records: list[Record] | None = None,
-                 repo: Path | None = None) -> RecordCheck:
-    """The plan of a record's config, rates from the other records only, beside each job its logs show."""
-    overrides = record_overrides(folder)
-    extra = as_run(folder)
-    facts = json.loads((folder / "hardware.json").read_text())
-    plan = make_plan([*overrides, *(o for o, _ in extra)], runs=runs or folder.parent, exclude=[folder.name],
-                     records=records, repo=repo, facts=facts)
-    rec = load_record(folder)
-    assert rec is not None
-    seen: set[tuple[str, str]] = set()
-    rows: list[JobCheck] = []
-    for n, call in enumerate(rec.calls, 1):
-        for job in call.jobs:
-            logged = ((job.ended or call.ended) - job.started).total_seconds()
-            if job.rule.startswith("serve_"):
-                key = (job.wildcards.get("engine", ""), job.wildcards.get("format", ""))
-                planned, logged, note = _serve_planned(plan, rec, job, call, key not in seen)
-                if planned is not None:
-                    seen.add(key)
-            elif job.outcome == "finished":
-                planned, note = _other_planned(plan, job), ""
-            else:
-                planned, note = None, "stopped at the limit: lost"
-            rows.append(JobCheck(n, job.label(), job.outcome, logged, planned, note))
-    total = sum(c.elapsed_s if c.elapsed_s is not None else (c.ended - c.started).total_seconds() for c in rec.calls)
-    return RecordCheck(folder.name, overrides, extra, plan, rows, total)
-
-
-def record_section(folder: Path, *, runs: Path | None = None) -> str:
-    """A record's plan beside the minutes it took, as a Markdown section for its README (generated)."""
-    chk = check_record(folder, runs=runs)
-    plan = chk.plan
-    extra = "; ".join(f"`{o}` ({why})" for o, why in chk.as_run)
-    out = ["### Plan and minutes", "",
-           f"`bakeoff node plan {' '.join(chk.overrides + [o for o, _ in chk.as_run])}`: the call logs' config entries, "
-           "`hardware=auto` as this folder's `hardware.json` resolves it"
-           + (f", and what the capacity search ran with where today's defaults differ: {extra}" if extra else "")
-           + ". Rates from the other records only (this one left out). Each job of the call logs beside the plan's "
-           "seconds for the work it did there: a finished job's start, the cells it measured, its searches as the "
-           "plan runs them; a job stopped at a call's limit, its start, cells and probes up to its last one.", "",
-           "| call | job | outcome | planned | logged | what |", "|---|---|---|---|---|---|"]
-    for j in chk.jobs:
-        planned = f"{j.planned_s:.0f} s" if j.planned_s is not None else "not compared"
-        out.append(f"| {j.call} | {j.label} | {j.outcome} | {planned} | {j.logged_s:.0f} s | {j.note} |")
-    n = len(read_calls(folder))
-    out += ["", f"Jobs compared: planned {_m(chk.planned_s)} min, logged {_m(chk.logged_s)} min "
-            f"({100 * chk.error:+.0f} %). The whole config's plan: {_m(plan.total_s)} min on the node in "
-            f"{len(plan.calls)} calls, {_m(plan.run_s)} of them Snakemake's in the run calls (fits {NODE_S // 60} "
-            f"minutes: {'yes' if plan.fits else 'no'}); the call logs: {_m(chk.logged_total_s)} min of Snakemake in "
-            f"{n} call{'s' if n != 1 else ''}.", ""]
-    return "\n".join(out)
-
-
-def plan_command(a: argparse.Namespace) -> None:
-    """``bakeoff node plan [overrides]`` (or ``--record runs/<name>``): the plan, printed."""
-    repo = Path(a.repo)
-    if getattr(a, "record", None):
-        print(record_section(Path(a.record), runs=repo / "runs"))
-        return
-    overrides = [o for o in [a.tarball, *(a.overrides or [])] if o]
-    if not overrides:
-        raise BakeoffError("node plan needs the experiment's overrides, e.g. experiment=h100_capacity hardware=h100")
-    conf = repo / "conf" if (repo / "conf" / "config.yaml").is_file() else None
-    print(render(make_plan(overrides, repo=repo.resolve(), conf_dir=conf)))
