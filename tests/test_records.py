@@ -31,7 +31,7 @@ H100 = ["h100-seed-2026-12-06", "h100-seed-p1024-2026-12-06"]
 def _rederive(run: Path, dest: Path) -> dict[str, Path]:
     dest.mkdir()
     for p in [*run.glob("call*-snakemake.log"), *run.glob("summary.csv"), *run.glob("capacity.csv"),
-              *run.glob("client_check.json")]:
+              *run.glob("client_check.json"), *run.glob("plan.json")]:
         shutil.copy2(p, dest / p.name)
     if (run / "logs").is_dir():
         shutil.copytree(run / "logs", dest / "logs")
@@ -232,3 +232,20 @@ def test_a_record_says_how_each_capacity_was_judged() -> None:
     text = "\n".join(judging_lines(new))
     assert "confident rule;" in text and "no file names it" not in text and "no row names it" not in text
     assert "ramp start (ramp 6.5–6.5 s" in text and "c=256: 320, c=320: 299." in text
+
+
+def test_a_record_keeps_its_plan_beside_the_minutes_its_logs_show() -> None:
+    """``plan.json`` made before the run (``bakeoff node plan --out``) is set beside the call logs' minutes; a
+    record without one says so instead of inventing a plan."""
+    import datetime as dt
+
+    from bakeoff.node.readme import Call, plan_section
+
+    calls = [Call("call1", dt.datetime(2026, 12, 7), 540.0, 0), Call("call2", dt.datetime(2026, 12, 7), 300.0, 0)]
+    plan = {"overrides": ["experiment=x", "hardware=auto"], "total_s": 1500.0, "run_s": 900.0, "fits": True,
+            "node_s": 1500, "calls": [{"number": 1, "snakemake_s": 0.0}, {"number": 2, "snakemake_s": 540.0},
+                                      {"number": 3, "snakemake_s": 360.0}]}
+    text = "\n".join(plan_section(plan, calls))
+    assert "| run calls | 2 | 2 |" in text and "| Snakemake in the run calls | 15 min 00 s | 14 min 00 s |" in text
+    assert "Logged over planned: 0.93." in text and "fitting 25 min 00 s" in text
+    assert "No `plan.json`" in "\n".join(plan_section(None, calls))

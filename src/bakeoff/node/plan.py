@@ -465,6 +465,14 @@ class Plan:
             out["overhead"] += c.seconds - c.wait_s - c.snakemake_s - c.lost_s
         return out
 
+    def as_json(self) -> dict[str, Any]:
+        """What a record keeps of the plan made before it ran (``plan.json``): the totals, the terms and the
+        calls, in seconds, for its README to set beside the minutes its call logs show."""
+        return {"overrides": self.overrides, "total_s": round(self.total_s, 1), "run_s": round(self.run_s, 1),
+                "fits": self.fits, "node_s": NODE_S, "terms": {k: round(v, 1) for k, v in self.terms().items()},
+                "calls": [{"number": c.number, "command": c.command, "seconds": round(c.seconds, 1),
+                           "snakemake_s": round(c.snakemake_s + c.lost_s, 1)} for c in self.calls]}
+
     def worst_extra_s(self) -> float:
         """The minutes every search would add if it took its whole budget (probes_needed + 2), at its mean probe."""
         return sum((s.budget - len(s.probes)) * s.seconds / len(s.probes) for s in self.searches if s.probes)

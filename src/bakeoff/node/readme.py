@@ -329,6 +329,30 @@ def judging_lines(probes: Sequence[Mapping[str, Any]]) -> list[str]:
     return out + [""]
 
 
+def plan_section(plan: Mapping[str, Any] | None, calls: Sequence[Call]) -> list[str]:
+    """The plan made before the run (``plan.json``, ``bakeoff node plan --out``) beside what the call logs show:
+    the run calls' Snakemake minutes, planned and logged, and the calls' count."""
+    if not calls:
+        return []
+    logged = [c for c in calls if c.elapsed_s is not None]
+    ran = sum(float(c.elapsed_s or 0) for c in logged)
+    out = ["### Plan and actual minutes", ""]
+    if plan is None:
+        return out + [f"No `plan.json`: no plan was kept for this run (made before records kept one). The run calls' "
+                      f"Snakemake logged {_min_s(ran)} in {len(calls)} call(s).", ""]
+    planned_runs = [c for c in plan.get("calls", []) if float(c.get("snakemake_s") or 0) > 0]
+    run_s = float(plan.get("run_s") or 0)
+    out += [f"`plan.json` (`bakeoff node plan {' '.join(plan.get('overrides', []))} --out plan.json`, made before "
+            f"the run): {_min_s(float(plan.get('total_s') or 0))} on the node in {len(plan.get('calls', []))} calls, "
+            f"{'fitting' if plan.get('fits') else 'not fitting'} {_min_s(float(plan.get('node_s') or 0))}.", "",
+            "| | planned | logged |", "|---|---|---|",
+            f"| run calls | {len(planned_runs)} | {len(calls)} |",
+            f"| Snakemake in the run calls | {_min_s(run_s)} | {_min_s(ran)} |"]
+    if run_s > 0 and ran > 0:
+        out += ["", f"Logged over planned: {ran / run_s:.2f}."]
+    return out + [""]
+
+
 def capacity_section(capacity: Sequence[Mapping[str, Any]], probes: Sequence[Mapping[str, Any]]) -> list[str]:
     if not capacity:
         return []
@@ -466,10 +490,11 @@ def _f(v: Any, fmt: str = ".1f") -> str:
 def generated(record: Mapping[str, Any], correction: Mapping[str, Any] | None, cells: Sequence[Mapping[str, Any]],
               capacity: Sequence[Mapping[str, Any]], probes: Sequence[Mapping[str, Any]],
               calls: Sequence[Call], unfinished: Sequence[Mapping[str, Any]] = (),
-              client_check: Mapping[str, Any] | None = None) -> str:
+              client_check: Mapping[str, Any] | None = None, plan: Mapping[str, Any] | None = None) -> str:
     """The README's generated section, markers included."""
     lines = [BEGIN, "", "## From the files", "",
-             *hardware_section(record, correction), *calls_section(calls, cells), *throughput_section(cells),
+             *hardware_section(record, correction), *calls_section(calls, cells), *plan_section(plan, calls),
+             *throughput_section(cells),
              *paired_section(cells), *capacity_section(capacity, probes), *unfinished_section(unfinished),
              *client_check_section(client_check), END]
     return "\n".join(lines) + "\n"

@@ -86,8 +86,9 @@ def record(tarball: Path, out: Path, log_lines: int = 3) -> dict[str, Path]:
                       if not (d / "capacity.json").exists() for p in sorted(d.glob("cap-*.json"))]
         client_check = json.loads((out / "client_check.json").read_text()) if (out / "client_check.json").is_file() \
             else None
+        plan = json.loads((out / "plan.json").read_text()) if (out / "plan.json").is_file() else None
         section = readme.generated(rec, fix, cells, capacity, probes, readme.read_calls(out),
-                                        unfinished, client_check)
+                                   unfinished, client_check, plan)
         readme.write_readme(out / "README.md", section, out.name)
     return {n: out / n for n in ("cells.csv", "kernel.csv", "server-log-ends.txt", "hardware.json", "table.md",
                                  "README.md")}
