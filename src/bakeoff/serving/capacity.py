@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import sys
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -104,35 +105,50 @@ def fixed_verdicts(cells: list[dict[str, Any]], slo: Slo, prompt_len: int, rule:
     return met
 
 
-def run(job: ServeJob, session: Session, base: dict[str, Any], load: LoadCfg, tokenizer: Any,
-        fixed: list[dict[str, Any]] | None = None) -> dict[str, Any]:
-    """Search every (SLO, prompt length) of ``load.capacity``; returns ``{"capacity": rows, "probes": records}``.
+@dataclass
+class Prober:
+    """Probes on one variant's running server, measured as cells and judged under one rule, kept as they ran.
 
-    ``fixed``: the variant's fixed cell records, whose verdicts seed each concurrency search's bracket.
+    Why an object: every probe of every search shares the server, the load, the rule and the list of probe
+    records; a search asks it for one verdict at a time (``concurrency`` or ``rate``), and the probe at a load
+    is kept for the row (``at``) while a boundary re-check writes a second file beside it.
     """
-    cap = load.capacity
-    rule = verdict_rule(job, load)
-    # Every fixed slot serves a warm-up once per server start (the first probe after a start warms them all).
-    slots = get_engine(job.engine_cfg.plugin).slots(job.engine_cfg.settings) or 0
-    rows: list[dict[str, Any]] = []
-    probes: list[dict[str, Any]] = []
 
-    def up() -> bool:
-        if session.engine is not None and session.engine.alive():
+    job: ServeJob
+    session: Session
+    base: dict[str, Any]
+    load: LoadCfg
+    tokenizer: Any
+    rule: Rule
+    slots: int  # the server's fixed slots, each of which serves a warm-up once per server start
+    probes: list[dict[str, Any]] = field(default_factory=list)
+
+    def up(self) -> bool:
+        """The server is running, started again where it died."""
+        if self.session.engine is not None and self.session.engine.alive():
             return True
-        session.stop()
-        return session.start()[0] == "ok"
+        self.session.stop()
+        return self.session.start()[0] == "ok"
 
-    def probe(slo: Slo, kind: str, value: float, prompt_len: int, n: int, warm: int,
+    def requests(self, c: int) -> int:
+        cap = self.load.capacity
+        return probe_requests(c, cap.min_requests, cap.waves, self.rule)
+
+    def warm(self, c: int) -> int:
+        return max(c, self.job.slots_to_warm(self.session.starts, self.slots) or 0)
+
+    def probe(self, slo: Slo, kind: str, value: float, prompt_len: int, n: int, warm: int,
               again: bool = False) -> tuple[Verdict, dict]:
-        if not up():
+        """One probe: a cell of ``n`` requests at this load, its verdict, its file."""
+        if not self.up():
             return Verdict(False, ("server down",)), {}
+        job, rule = self.job, self.rule
         name = probe_name(slo.name, kind, value, prompt_len, recheck=again)
         concurrency = int(value) if kind == "concurrency" else n  # open loop: no cap on requests in flight
         cell = Cell(concurrency, prompt_len, job.block or 0, label=name)
-        assert session.engine is not None
-        rec = measure(job, session, base, load, tokenizer, session.engine.versions(), cell, n=n, n_warm=warm,
-                      seed=probe_seed(name, n), request_rate=None if kind == "concurrency" else value,
+        assert self.session.engine is not None
+        rec = measure(job, self.session, self.base, self.load, self.tokenizer, self.session.engine.versions(), cell,
+                      n=n, n_warm=warm, seed=probe_seed(name, n), request_rate=None if kind == "concurrency" else value,
                       notes=[f"capacity probe ({kind}, SLO {slo.name}: p99 TTFT <= {slo.ttft_ms:g} ms, p99 TPOT <= "
                              f"{slo.tpot_ms:g} ms, {rule} rule); warm-up {warm} requests"],
                       stop_when=EarlyStop(n, slo, rule), slos_ms=slo.bounds(),
@@ -142,59 +158,91 @@ def run(job: ServeJob, session: Session, base: dict[str, Any], load: LoadCfg, to
         if kind == "rate":  # open loop: its concurrency is what the arrivals made, not a setting
             rec["concurrency"] = rec.get(PEAK_IN_FLIGHT)
         atomic_write_text(job.out_dir / f"{name}.json", json.dumps(rec, indent=2, default=str) + "\n")
-        probes.append(rec)
+        self.probes.append(rec)
         print(f"capacity {slo.name} p{prompt_len} {kind}={value:g}: {'pass' if verdict.passed else 'fail'} "
               f"{verdict.exceeded or ''}", file=sys.stderr, flush=True)
         return verdict, rec
 
-    for slo in (SLO_PRESETS[s] for s in cap.slo):
-        for p in cap.prompt_len or load.prompt_len:
-            at: dict[float, dict] = {}
-            rechecked: set[int] = set()
 
-            def by_concurrency(c: int, slo: Slo = slo, p: int = p, at: dict = at, rechecked: set = rechecked) -> Verdict:
-                again = c in at  # the search's end re-checks a load it probed: a second file, the first kept
-                verdict, rec = probe(slo, "concurrency", c, p, probe_requests(c, cap.min_requests, cap.waves, rule),
-                                     max(c, job.slots_to_warm(session.starts, slots) or 0), again)
-                if again:
-                    rechecked.add(c)
-                else:
-                    at[c] = rec
-                return verdict
+@dataclass
+class ConcurrencyProbes:
+    """The concurrency search's ``probe(c)`` for one SLO and prompt length: each load's first probe kept in
+    ``at`` (the row reads the one at capacity); a load probed again (the boundary re-check) gets a second file."""
 
-            known_pass, known_fail = bracket_from_cells(fixed_verdicts(fixed or [], slo, p, rule))
-            maximum, limit = search_limit(session, cap.max_concurrency, p + load.output_len,
-                                          str(base.get("parallel_set_by", "")))
-            closed = search_concurrency(by_concurrency, cap.start_concurrency, maximum, cap.max_probes,
-                                        known_pass=known_pass, known_fail=known_fail, limit=limit,
-                                        resolution=cap.resolution)
-            c_star = int(closed.capacity)
-            best = at.get(c_star, {})
-            row = {**{k: base[k] for k in ("experiment", "model", "engine", "format", "hardware", "output_len")},
-                   "node_id": best.get("node_id"), "prompt_len": p, "slo": slo.name, "slo_ttft_ms": slo.ttft_ms,
-                   "slo_tpot_ms": slo.tpot_ms, "capacity_verdict_rule": rule, "capacity_start": cap.start,
-                   "concurrency_resolution": cap.resolution, **_search_columns(closed, "concurrency"),
-                   **{f"{k}_at_capacity": best.get(k) for k in AT_CAPACITY}}
-            # Sessions are a closed loop (bakeoff.loadgen.sessions): they have no arrival rate to search.
-            if cap.rate and c_star > 0 and best.get("request_throughput") and load.workload.kind != "multiturn":
-                rates: dict[float, dict] = {}
+    prober: Prober
+    slo: Slo
+    prompt_len: int
+    at: dict[float | str, dict] = field(default_factory=dict)
 
-                def by_rate(r: float, slo: Slo = slo, p: int = p, rates: dict = rates, c: int = c_star) -> Verdict:
-                    verdict, rec = probe(slo, "rate", r, p, probe_requests(c, cap.min_requests, cap.waves, rule),
-                                         max(c, job.slots_to_warm(session.starts, slots) or 0))
-                    rates[r] = rec
-                    return verdict
+    def __call__(self, c: int) -> Verdict:
+        again = c in self.at
+        verdict, rec = self.prober.probe(self.slo, "concurrency", c, self.prompt_len, self.prober.requests(c),
+                                         self.prober.warm(c), again)
+        if not again:
+            self.at[c] = rec
+        return verdict
 
-                opened = search_rate(by_rate, float(best["request_throughput"]), cap.max_probes or RATE_PROBES,
-                                    cap.rate_resolution)
-                row.update(_search_columns(opened, "rate"))
-                row["output_throughput_at_capacity_rate"] = rates.get(opened.capacity, {}).get("output_throughput")
-                at.update({f"r{r:g}": rec for r, rec in rates.items()})
-            # A probe whose client saturated measured the client as much as the server: named, never hidden.
-            row["client_saturated_probes"] = " ".join(str(rec.get("cell")) for rec in at.values()
-                                                      if rec.get("client_saturated"))
-            rows.append(row)
-    return {"capacity": rows, "probes": probes}
+
+@dataclass
+class RateProbes:
+    """The rate search's ``probe(rate)``: open-loop probes sized by the concurrency capacity ``c``."""
+
+    prober: Prober
+    slo: Slo
+    prompt_len: int
+    c: int
+    at: dict[float, dict] = field(default_factory=dict)
+
+    def __call__(self, rate: float) -> Verdict:
+        verdict, rec = self.prober.probe(self.slo, "rate", rate, self.prompt_len, self.prober.requests(self.c),
+                                         self.prober.warm(self.c))
+        self.at[rate] = rec
+        return verdict
+
+
+def run(job: ServeJob, session: Session, base: dict[str, Any], load: LoadCfg, tokenizer: Any,
+        fixed: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    """Search every (SLO, prompt length) of ``load.capacity``; returns ``{"capacity": rows, "probes": records}``.
+
+    ``fixed``: the variant's fixed cell records, whose verdicts seed each concurrency search's bracket.
+    """
+    cap = load.capacity
+    rule = verdict_rule(job, load)
+    prober = Prober(job, session, base, load, tokenizer, rule,
+                    slots=get_engine(job.engine_cfg.plugin).slots(job.engine_cfg.settings) or 0)
+    rows = [search_one(prober, slo, p, fixed or []) for slo in (SLO_PRESETS[s] for s in cap.slo)
+            for p in cap.prompt_len or load.prompt_len]
+    return {"capacity": rows, "probes": prober.probes}
+
+
+def search_one(prober: Prober, slo: Slo, p: int, fixed: list[dict[str, Any]]) -> dict[str, Any]:
+    """One SLO's capacity at one prompt length: the concurrency search, then (where asked) the rate search."""
+    load, base, cap, rule = prober.load, prober.base, prober.load.capacity, prober.rule
+    by_concurrency = ConcurrencyProbes(prober, slo, p)
+    known_pass, known_fail = bracket_from_cells(fixed_verdicts(fixed, slo, p, rule))
+    maximum, limit = search_limit(prober.session, cap.max_concurrency, p + load.output_len,
+                                  str(base.get("parallel_set_by", "")))
+    closed = search_concurrency(by_concurrency, cap.start_concurrency, maximum, cap.max_probes,
+                                known_pass=known_pass, known_fail=known_fail, limit=limit, resolution=cap.resolution)
+    c_star = int(closed.capacity)
+    at = by_concurrency.at
+    best = at.get(c_star, {})
+    row = {**{k: base[k] for k in ("experiment", "model", "engine", "format", "hardware", "output_len")},
+           "node_id": best.get("node_id"), "prompt_len": p, "slo": slo.name, "slo_ttft_ms": slo.ttft_ms,
+           "slo_tpot_ms": slo.tpot_ms, "capacity_verdict_rule": rule, "capacity_start": cap.start,
+           "concurrency_resolution": cap.resolution, **_search_columns(closed, "concurrency"),
+           **{f"{k}_at_capacity": best.get(k) for k in AT_CAPACITY}}
+    # Sessions are a closed loop (bakeoff.loadgen.sessions): they have no arrival rate to search.
+    if cap.rate and c_star > 0 and best.get("request_throughput") and load.workload.kind != "multiturn":
+        by_rate = RateProbes(prober, slo, p, c_star)
+        opened = search_rate(by_rate, float(best["request_throughput"]), cap.max_probes or RATE_PROBES,
+                             cap.rate_resolution)
+        row.update(_search_columns(opened, "rate"))
+        row["output_throughput_at_capacity_rate"] = by_rate.at.get(opened.capacity, {}).get("output_throughput")
+        at.update({f"r{r:g}": rec for r, rec in by_rate.at.items()})
+    # A probe whose client saturated measured the client as much as the server: named, never hidden.
+    row["client_saturated_probes"] = " ".join(str(rec.get("cell")) for rec in at.values() if rec.get("client_saturated"))
+    return row
 
 
 def search_limit(session: Session, maximum: int, tokens_per_request: int, set_by: str = "") -> tuple[int, str]:
