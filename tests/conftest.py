@@ -5,10 +5,13 @@ nothing. Every test that does is marked ``slow``; ``make test`` runs both.
 
 Tests that read pipeline outputs share one session-scoped run of the ``ci``
 experiment (conf/experiment/ci.yaml) through the fixture :func:`pipeline`. It
-runs the real Snakefile in a temporary results root, so the repository's own
-``results/`` is never touched; ``models/`` and ``build/`` are the
-repository's (git-ignored), so a developer's later ``make run`` reuses them.
-No test depends on another having run first.
+runs the real Snakefile in a temporary results root. Its ``models/`` and
+``build/`` are the tests' own, :data:`TEST_ARTIFACTS` (``.bakeoff-test/``,
+git-ignored and kept between sessions, so a second ``make test`` rebuilds
+nothing), never the clone's: those hold a user's ``make run`` artifacts, and
+``make test`` must leave them, and ``results/``, as they were (issue 45, item 4;
+tests/test_user_artifacts.py checks it). No test depends on another having run
+first.
 """
 
 from __future__ import annotations
@@ -30,9 +33,20 @@ ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 MODEL = "smollm2-135m"
 EXPERIMENT = "ci"
-# What a pipeline working directory needs from the repository: the workflow and its inputs (read-only),
-# and the built artifacts, shared so a build happens once per checkout.
-SHARED = ("Snakefile", "workflow", "conf", "data", "envs", "models", "build")
+# What a pipeline working directory needs from the repository: the workflow and its inputs (read-only).
+WORKFLOW = ("Snakefile", "workflow", "conf", "data", "envs")
+# The tests' built artifacts (models/, build/), shared by every pipeline run of the tests so a build happens once per
+# checkout, and kept apart from the clone's own models/ and build/, which are a user's `make run` artifacts. Persistent
+# (a developer's second `make test` reuses them) and git-ignored; on a machine that built llama.cpp before, the
+# compile is restored from the build cache outside the clone (bakeoff.engines.buildcache), so a fresh folder costs
+# the model conversions, not the compile.
+TEST_ARTIFACTS = ROOT / ".bakeoff-test"
+BUILT = ("models", "build")
+TEST_MODELS = TEST_ARTIFACTS / "models"
+TEST_BUILD = TEST_ARTIFACTS / "build"
+# What `make run` leaves in the clone, which no test may create, rewrite or delete (tests/test_user_artifacts.py).
+USER_ARTIFACTS = ("models", "build", "results")
+ARTIFACTS_CHECK = "test_the_tests_left_the_clones_artifacts_alone"  # runs last: it compares against the session start
 
 
 def snakemake(*args: str, check: bool = True, timeout: float = 3000, cwd: Path = ROOT) -> subprocess.CompletedProcess:
@@ -72,14 +86,60 @@ def bakeoff(*args: str, env: dict | None = None, timeout: float = 900, cwd: Path
 
 
 def results_root(path: Path) -> Path:
-    """A working directory for the real Snakefile whose results/, logs/ and .snakemake/ are its own."""
+    """A working directory for the real Snakefile whose results/, logs/ and .snakemake/ are its own, and whose
+    models/ and build/ are the tests' (:data:`TEST_ARTIFACTS`), never the clone's."""
     path.mkdir(parents=True, exist_ok=True)
-    for name in SHARED:
-        target = ROOT / name
-        if name in ("models", "build"):
-            target.mkdir(exist_ok=True)
-        (path / name).symlink_to(target)
+    for name in WORKFLOW:
+        (path / name).symlink_to(ROOT / name)
+    for name in BUILT:
+        (TEST_ARTIFACTS / name).mkdir(parents=True, exist_ok=True)
+        (path / name).symlink_to(TEST_ARTIFACTS / name)
     return path
+
+
+def user_state() -> dict[str, tuple[int, int] | None]:
+    """Every path under the clone's models/, build/ and results/: (mtime_ns, size) of a file or link, None for a
+    folder (its mtime moves with its entries, which are listed themselves). Links are not followed."""
+    state: dict[str, tuple[int, int] | None] = {}
+    for name in USER_ARTIFACTS:
+        top = ROOT / name
+        if not top.is_dir():
+            continue
+        state[name] = None
+        for folder, dirs, files in os.walk(top):
+            rel = Path(folder).relative_to(ROOT)
+            for d in dirs:
+                state[str(rel / d)] = None
+            for f in files:
+                try:
+                    st = (Path(folder) / f).lstat()
+                except FileNotFoundError:  # removed while walking: absent
+                    continue
+                state[str(rel / f)] = (st.st_mtime_ns, st.st_size)
+    return state
+
+
+def root_plan() -> frozenset[tuple[str, str]]:
+    """The jobs a dry run of the default experiment in the clone plans, as (rule, output): after ``make run``, none."""
+    return frozenset((rule, f.get("output", "")) for rule, f in planned_jobs(snakemake("-n", "--cores", "1").stdout))
+
+
+@dataclass(frozen=True)
+class UserArtifacts:
+    """The clone's artifacts as the session found them: files under models/, build/, results/ and the dry run's jobs."""
+
+    files: dict[str, tuple[int, int] | None]
+    plan: frozenset[tuple[str, str]]
+
+
+@pytest.fixture(scope="session", autouse=True)
+def user_artifacts_at_start(request: pytest.FixtureRequest) -> UserArtifacts | None:
+    """The clone's artifacts before any test of the session ran (autouse, so it comes before every other fixture),
+    for the check that the tests left them alone. Taken only where that check runs (the slow tier): a dry run costs
+    seconds, which the fast tier's workers need not spend."""
+    if not any(item.name == ARTIFACTS_CHECK for item in request.session.items):
+        return None
+    return UserArtifacts(user_state(), root_plan())
 
 
 # Fixtures that start servers, build or run the pipeline: a test using one belongs to the slow tier.
@@ -88,7 +148,9 @@ HEAVY_FIXTURES = {"pipeline", "models", "gguf_models", "toolchain"}
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Refuse a test that needs a heavy fixture without the ``slow`` mark: it would run the pipeline in the fast
-    tier, which promises to start no server and build nothing."""
+    tier, which promises to start no server and build nothing. Put the check of the clone's artifacts last, after
+    every test that could have written them."""
+    items.sort(key=lambda i: i.name == ARTIFACTS_CHECK)  # stable: the others keep their order
     wrong = [f"{i.nodeid} (uses {', '.join(sorted(HEAVY_FIXTURES & set(getattr(i, 'fixturenames', ()))))})"
              for i in items if HEAVY_FIXTURES & set(getattr(i, "fixturenames", ())) and not i.get_closest_marker("slow")]
     if wrong:
@@ -102,7 +164,7 @@ class Pipeline:
 
     root: Path
     experiment: str = EXPERIMENT
-    plan_after_run: str = ""  # a dry run made at once after the run, before other tests touch shared models/ or build/
+    plan_after_run: str = ""  # a dry run made at once after the run, before other tests touch the tests' models/, build/
 
     @property
     def results(self) -> Path:
@@ -140,8 +202,8 @@ def pipeline(tmp_path_factory: pytest.TempPathFactory) -> Pipeline:
 
 @pytest.fixture(scope="session")
 def models(pipeline: Pipeline) -> Path:
-    """Every format of the embedded model, made by the pipeline."""
-    return ROOT / "models" / MODEL
+    """Every format of the embedded model, made by the pipeline (in the tests' models/)."""
+    return TEST_MODELS / MODEL
 
 
 @pytest.fixture(scope="session")
@@ -150,14 +212,19 @@ def gguf_models(tmp_path_factory: pytest.TempPathFactory) -> Path:
     rules only if missing (seconds when present): for tests that need one llama-server, not the ci run."""
     root = results_root(tmp_path_factory.mktemp("gguf"))
     snakemake("--cores", "all", f"models/{MODEL}/q4_k_m/manifest.json", f"models/{MODEL}/fp16/manifest.json", cwd=root)
-    return ROOT / "models" / MODEL
+    return TEST_MODELS / MODEL
+
+
+def cpu_toolchain() -> Path:
+    """The llama.cpp CPU build in the tests' build/ (made by the pipeline or :func:`gguf_models`)."""
+    dirs = [d for d in (TEST_BUILD / "llamacpp").glob("*-cpu") if (d / "manifest.json").exists()]
+    assert len(dirs) == 1, dirs
+    return dirs[0]
 
 
 @pytest.fixture(scope="session")
 def toolchain(pipeline: Pipeline) -> Path:
-    dirs = [d for d in (ROOT / "build" / "llamacpp").iterdir() if d.name.endswith("-cpu") and (d / "manifest.json").exists()]
-    assert len(dirs) == 1, dirs
-    return dirs[0]
+    return cpu_toolchain()
 
 
 def _is_server(argv: list[str]) -> bool:

@@ -33,7 +33,7 @@ from bakeoff.serving.job import ServeJob
 from bakeoff.stages import serve_load
 from bakeoff.stages.summary import COLUMNS, rows
 
-from conftest import ROOT
+from conftest import cpu_toolchain
 
 V = [("llamacpp", "f16"), ("llamacpp", "q8_0"), ("llamacpp", "q4_k_m")]
 
@@ -171,7 +171,7 @@ def _variant(models: Path, tmp_path: Path, fmt: str) -> dict:
     shutil.copytree(models / fmt, model_dir)  # a unique path, to find this test's server
     return dict(engine_cfg=cfg.engines["llamacpp"].model_copy(update={"load": {}}), hardware=cfg.hardware,
                 experiment="t", model="smollm2-135m", fmt=fmt, engine_name="llamacpp", model_dir=model_dir,
-                tokenizer_dir=models / "fp16", toolchain_dir=next((ROOT / "build" / "llamacpp").glob("*-cpu")),
+                tokenizer_dir=models / "fp16", toolchain_dir=cpu_toolchain(),
                 show_progress=False)
 
 

@@ -22,7 +22,7 @@ from bakeoff.results import spread
 from bakeoff.serving.job import ServeJob
 from bakeoff.stages import serve_load, summary
 
-from conftest import MODEL, ROOT
+from conftest import MODEL, cpu_toolchain
 
 
 def test_verdict_names_each_worker_and_threshold_it_passed() -> None:
@@ -55,7 +55,7 @@ def llama(gguf_models: Path) -> dict:
     cfg = load_config([])
     # The tests' own loads, not the default experiment's llama.cpp override of them (engines.llamacpp.load).
     cfg.engines["llamacpp"] = cfg.engines["llamacpp"].model_copy(update={"load": {}})
-    return dict(cfg=cfg, models=gguf_models, toolchain=next((ROOT / "build" / "llamacpp").glob("*-cpu")))
+    return dict(cfg=cfg, models=gguf_models, toolchain=cpu_toolchain())
 
 
 @pytest.fixture

@@ -29,7 +29,7 @@ import yaml
 from bakeoff.composition.compose import load_config
 from bakeoff.composition.walltime import serve_minutes
 
-from conftest import BIN, ROOT, planned_jobs
+from conftest import BIN, ROOT, WORKFLOW, planned_jobs
 from slurmcluster import SlurmCluster, mem_mb, slurm_cluster, tres
 
 pytestmark = [pytest.mark.slow, pytest.mark.cluster]  # slow too: `pytest -m "not slow"` never starts a cluster
@@ -44,7 +44,6 @@ SERVED, SERVER_LOG = "llamacpp-q4_k_m", "server.log"
 # jobs there), a short first status poll (a test waits for it), and the job logs kept for the tests to read.
 EXECUTOR_SETTINGS = {"slurm-status-command": "squeue", "slurm-init-seconds-before-status-checks": 1,
                      "slurm-keep-successful-logs": True}
-SHARED = ("Snakefile", "workflow", "conf", "data", "envs")
 RUN_TIMEOUT = 1500
 # The profile's groups (rule=group): a group's jobs go to Slurm as one job, commented rule_<group>_<rules>.
 GROUPS = dict(g.split("=", 1) for g in yaml.safe_load(PROFILE.read_text()).get("groups", []))
@@ -83,9 +82,12 @@ def largest_requests() -> tuple[int, int]:
 
 
 def workdir(path: Path, artifacts: Path | None = None) -> Path:
-    """A pipeline directory: the workflow read-only; models/ and build/ its own, or ``artifacts``'s."""
+    """A pipeline directory: the workflow read-only; models/ and build/ its own, or ``artifacts``'s.
+
+    Its own, not the tests' shared ones (conftest.TEST_ARTIFACTS) nor the clone's: the module's run must build
+    everything, so that every rule of the variant is a Slurm job."""
     path.mkdir(parents=True)
-    for name in SHARED:
+    for name in WORKFLOW:
         (path / name).symlink_to(ROOT / name)
     for name in ("models", "build"):
         if artifacts is None:

@@ -18,7 +18,7 @@ import pytest
 
 from bakeoff.composition.compose import config_hash, load_config
 
-from conftest import BIN, ROOT, Pipeline
+from conftest import BIN, ROOT, TEST_BUILD, TEST_MODELS, Pipeline
 
 pytestmark = pytest.mark.slow
 
@@ -38,7 +38,7 @@ def clone(pipeline: Pipeline, tmp_path_factory: pytest.TempPathFactory) -> tuple
     _run(["git", "clone", "-q", str(ROOT), str(clone)], base, env)
     # A fresh clone rebuilds and re-measures everything. Reuse the test pipeline's state instead: hard
     # links for the big, read-only artifacts, a copy of Snakemake's metadata (it is rewritten in place).
-    for src, d in ((ROOT / "models", "models"), (ROOT / "build", "build"), (pipeline.results / "raw", "results/raw"),
+    for src, d in ((TEST_MODELS, "models"), (TEST_BUILD, "build"), (pipeline.results / "raw", "results/raw"),
                    (pipeline.hardware_path, "results/hardware.json")):  # the doctor's record: serve_load reads it
         (clone / d).parent.mkdir(parents=True, exist_ok=True)
         linked = subprocess.run(["cp", "-al", str(src.resolve()), str(clone / d)], capture_output=True)

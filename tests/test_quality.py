@@ -19,7 +19,7 @@ from bakeoff.quality import canary
 from bakeoff.quality.localdata import documents, mc_items
 from bakeoff.quality.topk import kl_position, mean_kl
 
-from conftest import MODEL, ROOT, Pipeline
+from conftest import MODEL, TEST_BUILD, TEST_MODELS, Pipeline
 
 
 @pytest.fixture(scope="module")
@@ -32,7 +32,7 @@ def _server(engine: str, fmt: str, toolchain_dir: Path, tmp_path: Path):
     cfg = load_config([])
     e = cfg.engines["llamacpp"]
     engine_cfg = e if engine == "llamacpp" else e.eval_server
-    spec = ServerSpec(engine=engine_cfg, hardware=cfg.hardware, model_dir=ROOT / "models" / MODEL / fmt,
+    spec = ServerSpec(engine=engine_cfg, hardware=cfg.hardware, model_dir=TEST_MODELS / MODEL / fmt,
                       served_name=MODEL, log_path=tmp_path / f"{engine}.log", toolchain_dir=toolchain_dir)
     return get_engine(engine_cfg.plugin)(spec)
 
@@ -58,7 +58,7 @@ def test_topk_kl_is_zero_for_identical_and_positive_for_different() -> None:
 
 @pytest.mark.slow
 def test_canary_rejects_llama_server(models: Path, toolchain: Path, tmp_path: Path) -> None:
-    tok = AutoTokenizer.from_pretrained(ROOT / "models" / MODEL / "fp16")
+    tok = AutoTokenizer.from_pretrained(TEST_MODELS / MODEL / "fp16")
     with _server("llamacpp", "q4_k_m", toolchain, tmp_path) as srv:
         srv.ready()
         with pytest.raises(canary.CanaryError, match="does not echo prompt logprobs"):
@@ -67,8 +67,8 @@ def test_canary_rejects_llama_server(models: Path, toolchain: Path, tmp_path: Pa
 
 @pytest.mark.slow
 def test_canary_accepts_bakeoffs_gguf_scorer_on_the_same_file(models: Path, toolchain: Path, tmp_path: Path) -> None:
-    binding = ROOT / "build" / "llamacpp-python" / toolchain.name
-    tok = AutoTokenizer.from_pretrained(ROOT / "models" / MODEL / "fp16")
+    binding = TEST_BUILD / "llamacpp-python" / toolchain.name
+    tok = AutoTokenizer.from_pretrained(TEST_MODELS / MODEL / "fp16")
     with _server("llamacpppy", "q4_k_m", binding, tmp_path) as srv:
         srv.ready()
         result = canary.check(srv.base_url, MODEL, tok)
@@ -82,12 +82,12 @@ def test_canary_accepts_bakeoffs_gguf_scorer_on_the_same_file(models: Path, tool
 @pytest.mark.slow
 def test_canary_rejects_llama_cpp_pythons_own_server(models: Path, toolchain: Path, tmp_path: Path) -> None:
     """llama_cpp.server 0.3.36 pairs each echoed token with the next position's logits: rejected."""
-    binding = ROOT / "build" / "llamacpp-python" / toolchain.name
+    binding = TEST_BUILD / "llamacpp-python" / toolchain.name
     port = free_port()
-    cmd = [sys.executable, "-m", "llama_cpp.server", "--model", str(ROOT / "models" / MODEL / "q4_k_m" / "model.gguf"),
+    cmd = [sys.executable, "-m", "llama_cpp.server", "--model", str(TEST_MODELS / MODEL / "q4_k_m" / "model.gguf"),
            "--model_alias", MODEL, "--host", "127.0.0.1", "--port", str(port), "--n_ctx", "2048",
            "--logits_all", "True"]
-    tok = AutoTokenizer.from_pretrained(ROOT / "models" / MODEL / "fp16")
+    tok = AutoTokenizer.from_pretrained(TEST_MODELS / MODEL / "fp16")
     proc = ManagedProcess(cmd, tmp_path / "llama_cpp.server.log", env={**os.environ, "PYTHONPATH": str(binding / "site"),
                                                                      "LLAMA_CPP_LIB_PATH": str(library_dir(binding))}).start()
     try:

@@ -7,9 +7,7 @@ random weights: speed only, which is all these tests read).
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -24,23 +22,19 @@ from bakeoff.loadgen.prompts import make_prompts
 from bakeoff.loadgen.runner import run_cell
 from bakeoff.loadgen.scrape import MetricsScraper
 
-ROOT = Path(__file__).resolve().parents[1]
-BIN = Path(sys.executable).parent
+from conftest import BIN, results_root, snakemake
+from conftest import cpu_toolchain as built_toolchain
+
 CPU = HardwareCfg(name="cpu", backend="cpu", gpus=0)
 pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
-def cpu_toolchain() -> Path:
-    """The pinned llama.cpp CPU build (the pipeline's own rule; a no-op when it exists)."""
-    found = [d for d in (ROOT / "build" / "llamacpp").glob("*-cpu") if (d / "manifest.json").exists()]
-    if not found:
-        env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}"}
-        subprocess.run([str(BIN / "snakemake"), "--cores", "all", "--config", "experiment=synthetic_tiny", "--",
-                        "build/llamacpp/0c1e57098-cpu/manifest.json"], cwd=ROOT, env=env, check=True)
-        found = [d for d in (ROOT / "build" / "llamacpp").glob("*-cpu") if (d / "manifest.json").exists()]
-    assert len(found) == 1, found
-    return found[0]
+def cpu_toolchain(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The pinned llama.cpp CPU build in the tests' build/ (the pipeline's own rule; seconds when it exists)."""
+    snakemake("--cores", "all", "--config", "experiment=synthetic_tiny", "--", "build/llamacpp/0c1e57098-cpu/manifest.json",
+              cwd=results_root(tmp_path_factory.mktemp("toolchain")))
+    return built_toolchain()
 
 
 @pytest.fixture(scope="module")

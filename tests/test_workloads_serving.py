@@ -15,7 +15,7 @@ from bakeoff.config.schema import LoadCfg
 from bakeoff.serving.job import ServeJob
 from bakeoff.stages import serve_load
 
-from conftest import MODEL, ROOT, results_root, snakemake
+from conftest import MODEL, TEST_MODELS, results_root, snakemake
 
 pytestmark = pytest.mark.slow
 
@@ -23,7 +23,7 @@ pytestmark = pytest.mark.slow
 @pytest.fixture(scope="module")
 def fp16(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The embedded model's fp16 directory, made by the pipeline's own rules only if missing."""
-    out = ROOT / "models" / MODEL / "fp16"
+    out = TEST_MODELS / MODEL / "fp16"
     if not (out / "manifest.json").exists():
         snakemake("--cores", "all", f"models/{MODEL}/fp16/manifest.json", cwd=results_root(tmp_path_factory.mktemp("m")))
     return out
