@@ -48,7 +48,7 @@ def test_default_is_smoke_on_cpu_with_embedded_model() -> None:
 def test_blog_v100_is_the_seed_experiment() -> None:
     cfg = load_config(["experiment=blog_v100"], CONF)
     assert cfg.model.repo_id == "deepseek-ai/DeepSeek-R1-Distill-Qwen-7B"
-    assert (cfg.hardware.gpus, cfg.hardware.cuda_arch, cfg.hardware.gpu_memory_gib) == (2, 70, 31.7)
+    assert (cfg.hardware.gpus, cfg.hardware.cuda_arch, cfg.hardware.gpu_memory_gib) == (2, 70, 32)
     v = cfg.engines["vllm"].settings
     assert (v["tensor_parallel_size"], v["max_model_len"], v["gpu_memory_utilization"]) == (2, 8192, 0.9)
     ll = cfg.engines["llamacpp"].settings

@@ -73,7 +73,7 @@ def test_a_config_naming_another_gpu_stops_the_doctor_naming_both_and_the_fix() 
     assert "gpu_model 'NVIDIA H200'" in text and "gpu_memory_gib 140.4" in text and "hardware=auto" in text
     # the seed's V100 config on an A100 pair: name, memory and compute capability all differ
     v100 = load_config(["experiment=blog_v100"])
-    with pytest.raises(DoctorError, match=r"Tesla V100.*gpu_memory_gib 31.7 .*40 GiB.*cuda_arch 70 is not the node's 80"):
+    with pytest.raises(DoctorError, match=r"Tesla V100.*gpu_memory_gib 32 .*40 GiB.*cuda_arch 70 is not the node's 80"):
         analyze(_facts("a100x2.handwritten"), v100.hardware, v100.doctor)
     # the matching config passes without a word about the GPU
     rep = analyze(h100, load_config(["experiment=h200_seed", "hardware=h100"]).hardware, cfg.doctor)

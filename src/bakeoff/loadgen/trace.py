@@ -195,7 +195,7 @@ def quantile_cdf(quantiles: Mapping[Any, float], x: float | np.ndarray) -> np.nd
     """The probability (0-1) of a value at most ``x`` under the distribution :func:`_inverse_cdf` draws from
     (the inverse of its piecewise-linear quantile function; at a value several percentiles share, the highest)."""
     pcts, values = _points(quantiles)
-    keep = np.append(values[1:] != values[:-1], True)  # of tied values, the last (highest) percentile
+    keep = np.append(values[1:] != values[:-1], True)  # of repeated values, the last (highest) percentile
     return np.interp(np.asarray(x, dtype=float), values[keep], pcts[keep]) / 100.0
 
 
