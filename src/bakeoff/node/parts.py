@@ -42,6 +42,7 @@ class CarryError(Exception):
 
 
 def sha256_file(path: Path) -> str:
+    """bakeoff.models.manifest.sha256_file without its memo: this file runs alone on the node (module docstring)."""
     h = hashlib.sha256()
     with open(path, "rb") as f:
         while block := f.read(CHUNK):
