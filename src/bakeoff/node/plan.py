@@ -480,9 +480,10 @@ class Plan:
 
 def make_plan(overrides: Sequence[str], *, runs: Path | None = None, exclude: Iterable[str] = (),
               records: list[Record] | None = None, repo: Path | None = None, conf_dir: Path | None = None,
-              facts: Mapping[str, Any] | None = None) -> Plan:
+              facts: Mapping[str, Any] | None = None, parts: tuple[int, str] | None = None) -> Plan:
     """The plan for the config these Hydra overrides compose, with rates from the records under ``runs``
-    (``exclude``: records left out, e.g. the one the plan is checked against)."""
+    (``exclude``: records left out, e.g. the one the plan is checked against); ``parts``: vLLM's part count and
+    its source where the caller knows it (else this checkout's packed manifest, else the default)."""
     conf = conf_dir or find_conf_dir()
     repo = repo or conf.parent
     cfg = load_config(list(overrides), conf, facts)
@@ -497,7 +498,7 @@ def make_plan(overrides: Sequence[str], *, runs: Path | None = None, exclude: It
     entries = _entries(overrides)
     calls = [NodeCall(1, f"bash {CARRIED}/node.sh --prepare {entries}", PREPARE_CALL_S,
                       ["start the models and the llama.cpp build in the background"])]
-    parts = vllm_parts(cfg, repo)
+    parts = vllm_parts(cfg, repo) if parts is None or vllm_parts(cfg, repo) is None else parts
     for k in range(1, (parts[0] if parts else 0) + 1):
         last = parts is not None and k == parts[0]
         calls.append(NodeCall(k + 1, f"bash {NODE_VLLM_DIR}/node.sh --part {NODE_VLLM_DIR}/part-{k:02d}",

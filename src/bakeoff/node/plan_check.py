@@ -20,7 +20,7 @@ from typing import Any
 from bakeoff.config.slo import SLO_PRESETS
 from bakeoff.errors import BakeoffError
 from bakeoff.node.observed import PlanError, Record, in_window, load_record
-from bakeoff.node.plan import DEFAULT_BUILD_S, MODEL_RULES, NODE_S, Plan, make_plan, minutes, probe_s, render
+from bakeoff.node.plan import DEFAULT_BUILD_S, DEFAULT_PARTS, MODEL_RULES, NODE_S, Plan, make_plan, minutes, probe_s, render
 from bakeoff.node.readme import Call, read_calls
 
 CHECK_RULES = ("gpu_check", "kernel_bench", "ecc_recheck", "node")
@@ -182,8 +182,11 @@ def check_record(folder: Path, *, runs: Path | None = None, records: list[Record
     overrides = record_overrides(folder)
     extra = as_run(folder)
     facts = json.loads((folder / "hardware.json").read_text())
+    # A record is planned with the default part count, never with what this checkout happens to have packed:
+    # the check must give the same answer in every clone.
     plan = make_plan([*overrides, *(o for o, _ in extra)], runs=runs or folder.parent, exclude=[folder.name],
-                     records=records, repo=repo, facts=facts)
+                     records=records, repo=repo, facts=facts,
+                     parts=(DEFAULT_PARTS, "the default (the records' part counts are in no file of theirs)"))
     rec = load_record(folder)
     assert rec is not None
     seen: set[tuple[str, str]] = set()
