@@ -31,6 +31,14 @@ Start = Literal["burst", "ramp"]
 STARTS: tuple[Start, ...] = ("burst", "ramp")
 
 
+def ramp_extra(start: str, concurrency: int, *, open_loop: bool, sessions: bool) -> int:
+    """The prompts a ramped cell needs beyond its ``n`` measured ones, for ``n`` to be sent after the ramp:
+    each slot's first request (a ramp of one request cycle, the automatic length, sends about that many);
+    0 where the start is not a ramp, or the loop ignores it (open loops, sessions). A ramp much longer than one
+    request sends about ``c x ramp_s / E2EL``. Callers that build the prompts before the CellLoad ask here."""
+    return concurrency if start == "ramp" and not open_loop and not sessions else 0
+
+
 @dataclass(frozen=True)
 class Sessions:
     """Closed-loop multi-turn sessions (bakeoff.loadgen.sessions states the rules).
@@ -100,7 +108,5 @@ class CellLoad:
         return len(self.prompts) // self.sessions.turns if self.sessions is not None else len(self.prompts)
 
     def ramp_extra(self) -> int:
-        """The prompts a ramped cell needs beyond its ``n`` measured ones, for ``n`` to be sent after the ramp:
-        each slot's first request (a ramp of one request cycle, the automatic length, sends about that many);
-        0 where the start is not a ramp. A ramp much longer than one request sends about ``c x ramp_s / E2EL``."""
-        return self.concurrency if self.ramped else 0
+        """This cell's :func:`ramp_extra`."""
+        return ramp_extra(self.start, self.concurrency, open_loop=self.open_loop, sessions=self.sessions is not None)

@@ -10,7 +10,7 @@ import argparse
 import json
 
 from bakeoff.errors import BakeoffError
-from bakeoff.loadgen.cellload import CellLoad
+from bakeoff.loadgen.cellload import CellLoad, ramp_extra
 from bakeoff.loadgen.prompts import make_prompts
 from bakeoff.loadgen.runner import run_cell
 
@@ -26,7 +26,7 @@ def run_command(a: argparse.Namespace) -> None:
         raise BakeoffError("--start ramp without --ramp-s takes the ramp from the warm-up: give --warmup >= 1")
     tok = AutoTokenizer.from_pretrained(a.tokenizer or a.model)
     # A ramp's requests come on top of the measured ones (bakeoff.loadgen.cellload): --num-requests stay measured.
-    extra = a.concurrency if a.start == "ramp" and a.request_rate is None else 0
+    extra = ramp_extra(a.start, a.concurrency, open_loop=a.request_rate is not None, sessions=False)
     prompts = make_prompts(tok, a.prompt_len, a.num_requests + extra + a.warmup, seed=a.seed)
     load = CellLoad(prompts[a.warmup:], prompt_len=a.prompt_len, output_len=a.output_len, concurrency=a.concurrency,
                     request_rate=a.request_rate, warmup_prompts=prompts[:a.warmup], seed=a.seed, start=a.start,
