@@ -83,7 +83,7 @@ def measure(job: ServeJob, session: Session, base: dict, load: LoadCfg, tokenize
     # Probes of a concurrency search start as load.capacity.start says (a ramp: users, not one burst); fixed cells
     # as load.start (a burst: comparable with `vllm bench serve`). A ramp's requests are extra to the n measured.
     start = load.capacity.start if closed else load.start
-    extra = ramp_extra(start, cell.concurrency, open_loop=open_loop, sessions=kind == "multiturn")
+    ramp_n = ramp_extra(start, cell.concurrency, open_loop=open_loop, sessions=kind == "multiturn")
     workers = client_workers(job, load, in_flight)
     shares_cores = client_shares_cores(job)
     pristine = copy.deepcopy(stop_when)  # an early stop counts what it saw: a re-run starts from none
@@ -91,13 +91,13 @@ def measure(job: ServeJob, session: Session, base: dict, load: LoadCfg, tokenize
     while True:
         work: workload.CellWork | None = None
         if kind == "fixed":
-            prompts = make_prompts(tokenizer, cell.prompt_len, n + extra + n_warm, seed=seed + attempts,
+            prompts = make_prompts(tokenizer, cell.prompt_len, n + ramp_n + n_warm, seed=seed + attempts,
                                    tag=f"{cell.name}-")
             warm, measured = prompts[:n_warm], prompts[n_warm:]
             requests: dict[str, Any] = {"prompts": measured}
         else:
             warm = make_prompts(tokenizer, cell.prompt_len, n_warm, seed=seed + attempts, tag=f"{cell.name}-w")
-            work = workload.build(load, tokenizer, cell.name, cell.prompt_len, n + extra, cell.concurrency,
+            work = workload.build(load, tokenizer, cell.name, cell.prompt_len, n + ramp_n, cell.concurrency,
                                   seed + attempts, request_rate, closed)
             requests = work.run_kwargs()
         # The server's memory: its process tree's RSS, or its container's (never the docker client's);
