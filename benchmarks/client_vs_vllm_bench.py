@@ -215,12 +215,19 @@ def main() -> int:
                     print(f"c={c} round {r} {who:10s} " + json.dumps(
                         {k: (round(v, 3) if isinstance(v, float) else v) for k, v in res.items() if v is not None}),
                         file=sys.stderr, flush=True)
+            write_report(out, runs, a)  # after each concurrency: a run stopped at its time limit keeps what finished
+    print(table(runs, a.clients))
+    return 0
+
+
+def write_report(out: Path, runs: dict[str, list[dict]], a: argparse.Namespace) -> None:
+    """The comparison so far, written whole (temporary file, then rename)."""
     report = compare(runs, a.clients)
     report["settings"] = vars(a)
     report["runs"] = runs
-    out.write_text(json.dumps(report, indent=2) + "\n")
-    print(table(runs, a.clients))
-    return 0
+    tmp = out.with_name(out.name + ".tmp")
+    tmp.write_text(json.dumps(report, indent=2) + "\n")
+    tmp.replace(out)
 
 
 KEYS = ["output_throughput", "median_ttft_ms", "median_tpot_ms", "p99_tpot_ms", "cpu_s_per_1k_tokens", *REFEREE]
