@@ -15,8 +15,9 @@ from bakeoff.errors import BakeoffError
 from bakeoff.layout import NODE_VLLM_DIR, cache_root
 from bakeoff.node import bundle
 from bakeoff.node.correct import correct_unpacked
+from bakeoff.node.payload import MIB, PART_EXTRA_BYTES, default_part_bytes
 from bakeoff.node.record import record
-from bakeoff.node.vllm import MIB, default_part_bytes, pack_vllm
+from bakeoff.node.vllm import pack_vllm
 
 
 def pack_vllm_command(a: argparse.Namespace) -> None:
@@ -31,7 +32,7 @@ def pack_vllm_command(a: argparse.Namespace) -> None:
     if a.part_mib:
         part, why = int(a.part_mib * MIB), f"--part-mib {a.part_mib:g}"
     else:
-        part, why = default_part_bytes(Path(a.repo), extra_bytes=256 * 1024)
+        part, why = default_part_bytes(Path(a.repo), extra_bytes=PART_EXTRA_BYTES)
     m = pack_vllm(version=a.vllm, wheels=wheels, out=out, part_bytes=part, part_bytes_why=why, fetch=not a.offline)
     for p in m["parts"]:
         print(f"{out / p['name']}  {p['bytes']} bytes  sha256 {p['sha256']}")

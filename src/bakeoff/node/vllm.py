@@ -16,7 +16,7 @@ Three steps, all on the submit host:
    Wheels already in the folder are reused, so a second pack needs no network.
 2. :func:`trim_wheel` rewrites vLLM's wheel without :data:`TRIM`'s files.
 3. :func:`pack_vllm` tars the trimmed wheel and the dependencies, cuts the
-   tar into parts and writes one manifest: every part's and wheel's bytes and
+   tar into parts and writes one manifest (bakeoff.node.payload, shared with quality's pack): every part's and wheel's bytes and
    sha256, what was trimmed and why, what was not carried and why, and how the
    node installs it (``pip install --no-deps --target`` for the dependencies,
    unzip for the trimmed wheel).
@@ -25,14 +25,11 @@ Three steps, all on the submit host:
 from __future__ import annotations
 
 import fnmatch
-import json
 import os
 import re
-import shutil
 import subprocess
 import sys
-import tarfile
-import time
+import tempfile
 import zipfile
 from dataclasses import dataclass, field
 from email.parser import Parser
@@ -41,14 +38,9 @@ from pathlib import Path
 from bakeoff.errors import BakeoffError
 from bakeoff.layout import NODE_VLLM_SITE
 from bakeoff.node import parts as node_parts
+from bakeoff.node.payload import PLATFORMS, PYTHON_VERSION, pack_payload, wheel_rows
+from bakeoff.node.payload import default_part_bytes as default_part_bytes  # re-exported: tests import it here
 
-MIB = 1 << 20
-CALL_LIMIT = 64 * MIB  # what one call to the GPU node carries: working tree + carried paths
-DEFAULT_PART_MIB = 55
-# The node: the Python and platform pip downloads for (its python3 is CPython 3.12.3, x86-64).
-PYTHON_VERSION = "3.12"
-PLATFORMS = ("manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64",
-             "manylinux1_x86_64", "manylinux_2_31_x86_64", "manylinux_2_34_x86_64", "manylinux_2_35_x86_64")
 MARKER_ENV = {"python_version": PYTHON_VERSION, "python_full_version": "3.12.3", "platform_machine": "x86_64",
               "sys_platform": "linux", "platform_system": "Linux", "os_name": "posix", "implementation_name": "cpython",
               "platform_python_implementation": "CPython", "platform_release": "", "platform_version": "",
@@ -293,82 +285,36 @@ def trim_wheel(src: Path, dest: Path, patterns: dict[str, str]) -> list[dict]:
             for p, hits in removed.items()]
 
 
-def default_part_bytes(repo: Path, extra_bytes: int = 0) -> tuple[int, str]:
-    """The largest part that fits one call beside the checkout that travels with it (at most 55 MiB).
-
-    Every call sends the working tree (tracked and untracked-not-ignored files, and shared/) plus what it carries; a part
-    call also carries ``node.sh``, ``node_parts.py`` and the manifest (``extra_bytes``), and 1 MiB is kept spare.
-    """
-    from bakeoff.node.bundle import checkout_files
-
-    files = {repo / n for n in checkout_files(repo)} | {p for p in (repo / "shared").rglob("*") if p.is_file()}
-    tree = sum(p.stat().st_size for p in files)  # shared/ travels too, ignored or not
-    room = CALL_LIMIT - tree - extra_bytes - MIB
-    part = min(DEFAULT_PART_MIB * MIB, room)
-    if part < 4 * MIB:
-        raise BakeoffError(f"the checkout that travels with every call is {tree / MIB:.1f} MiB: less than 4 MiB of "
-                           f"a call's 64 MiB is left for a part; slim the working tree or give --part-mib")
-    why = (f"min({DEFAULT_PART_MIB} MiB, 64 MiB - the working tree that travels with each call "
-           f"({tree / MIB:.1f} MiB) - node.sh, node_parts.py and this manifest - 1 MiB spare)")
-    return part, why
-
-
 def pack_vllm(*, version: str, wheels: Path, out: Path, part_bytes: int, part_bytes_why: str = "set by --part-mib",
               target: str = NODE_VLLM_SITE, fetch: bool = True, node: dict[str, str | None] | None = None,
               not_carried: dict[str, str] | None = None, trim: dict[str, str] | None = None,
               mismatch_ok: dict[str, str] | None = None) -> dict:
     """Write ``out``: parts of (trimmed vLLM wheel + missing dependencies), ``manifest.json``, ``node.sh`` and
-    ``node_parts.py``. ``wheels`` is the download cache (outside the checkout); returns the manifest."""
-    from bakeoff.node.bundle import NODE_SH
-
+    ``node_parts.py`` (bakeoff.node.payload). ``wheels`` is the download cache (outside the checkout); returns the
+    manifest."""
     closure = collect_wheels(f"vllm=={version}", wheels, node=node, not_carried=not_carried, fetch=fetch,
                              mismatch_ok=mismatch_ok)
     vllm_whl = closure.wheels.pop("vllm")
     closure.required_by.pop("vllm", None)
     out.mkdir(parents=True, exist_ok=True)
-    (out / node_parts.MANIFEST_NAME).unlink(missing_ok=True)  # parts without their manifest are never taken
-    staging = out / ".staging"
-    shutil.rmtree(staging, ignore_errors=True)
-    staging.mkdir()
-    trimmed_whl = staging / vllm_whl.name
-    removed = trim_wheel(vllm_whl, trimmed_whl, TRIM if trim is None else trim)
-    deps = sorted(closure.wheels.items())
-    members = [(f"vllm/{trimmed_whl.name}", trimmed_whl), *[(f"wheels/{w.name}", w) for _, w in deps]]
-    payload = staging / "payload.tar"
-    with tarfile.open(payload, "w", format=tarfile.PAX_FORMAT) as tar:
-        for arcname, path in members:
-            ti = tar.gettarinfo(str(path), arcname=arcname)
-            ti.mtime, ti.uid, ti.gid, ti.uname, ti.gname = 0, 0, 0, "", ""  # the same wheels make the same payload
-            with open(path, "rb") as f:
-                tar.addfile(ti, f)
-    parts = node_parts.split(payload, out, part_bytes)
-    wheel_rows = [{"file": f"wheels/{w.name}", "name": n, "bytes": w.stat().st_size,
-                   "sha256": node_parts.sha256_file(w), "required_by": sorted(set(closure.required_by.get(n, [])))}
-                  for n, w in deps]
-    manifest = {
-        "kind": "node-carry", "package": "vllm", "version": version,
-        "packed_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "for_node": {"python": f"CPython {PYTHON_VERSION}", "platforms": list(PLATFORMS),
-                     "node_packages": "workflow/node-packages.txt"},
-        "payload": {"bytes": payload.stat().st_size, "sha256": node_parts.sha256_file(payload),
-                    "members": len(members)},
-        "part_bytes": part_bytes, "part_bytes_why": part_bytes_why, "parts": parts,
-        "install": {"target": target, "pip_no_deps": [f"wheels/{w.name}" for _, w in deps],
-                    "unzip": [f"vllm/{trimmed_whl.name}"],
-                    "how": "pip install --no-index --no-deps --target <target> the dependency wheels; unzip the "
-                           "trimmed vLLM wheel into the same target; the server runs with PYTHONPATH=<target>"},
-        "vllm_wheel": {"file": f"vllm/{trimmed_whl.name}", "original_bytes": vllm_whl.stat().st_size,
-                       "original_sha256": node_parts.sha256_file(vllm_whl), "trimmed_bytes": trimmed_whl.stat().st_size,
-                       "trimmed_sha256": node_parts.sha256_file(trimmed_whl), "removed": removed},
-        "dependencies": {"wheels": len(wheel_rows), "bytes": sum(r["bytes"] for r in wheel_rows), "files": wheel_rows},
-        "not_carried": [{"name": n, "why": why} for n, why in sorted(closure.not_carried.items())],
-        "on_node": [{"name": n, "required_as": r} for n, r in sorted(closure.on_node.items())],
-        "node_version_mismatches": closure.mismatches,
-    }
-    tmp = out / f".{node_parts.MANIFEST_NAME}.tmp"
-    tmp.write_text(json.dumps(manifest, indent=2) + "\n")
-    os.replace(tmp, out / node_parts.MANIFEST_NAME)
-    (out / "node.sh").write_text(NODE_SH)
-    shutil.copy2(Path(node_parts.__file__), out / "node_parts.py")
-    shutil.rmtree(staging)
-    return manifest
+    with tempfile.TemporaryDirectory(prefix=".trim-", dir=out) as tmp:
+        trimmed_whl = Path(tmp) / vllm_whl.name
+        removed = trim_wheel(vllm_whl, trimmed_whl, TRIM if trim is None else trim)
+        deps = sorted(closure.wheels.items())
+        rows = wheel_rows(deps, "wheels", closure.required_by)
+        members = [(f"vllm/{trimmed_whl.name}", trimmed_whl), *[(f"wheels/{w.name}", w) for _, w in deps]]
+        install = {"target": target, "pip_no_deps": [r["file"] for r in rows], "unzip": [f"vllm/{trimmed_whl.name}"],
+                   "how": "pip install --no-index --no-deps --target <target> the dependency wheels; unzip the "
+                          "trimmed vLLM wheel into the same target; the server runs with PYTHONPATH=<target>"}
+        extra = {
+            "vllm_wheel": {"file": f"vllm/{trimmed_whl.name}", "original_bytes": vllm_whl.stat().st_size,
+                           "original_sha256": node_parts.sha256_file(vllm_whl),
+                           "trimmed_bytes": trimmed_whl.stat().st_size,
+                           "trimmed_sha256": node_parts.sha256_file(trimmed_whl), "removed": removed},
+            "dependencies": {"wheels": len(rows), "bytes": sum(r["bytes"] for r in rows), "files": rows},
+            "not_carried": [{"name": n, "why": why} for n, why in sorted(closure.not_carried.items())],
+            "on_node": [{"name": n, "required_as": r} for n, r in sorted(closure.on_node.items())],
+            "node_version_mismatches": closure.mismatches,
+        }
+        return pack_payload(out=out, package="vllm", version=version, members=members, install=install,
+                            part_bytes=part_bytes, part_bytes_why=part_bytes_why, extra=extra)
