@@ -36,6 +36,8 @@ else builds an artifact path by hand or reads one by its depth.
   results/mlflow/runs.json              the MLflow parent run and its cell runs of this invocation
   .snakemake/bakeoff-specs/{digest}.json   a job's config slice (``--spec @file``), named by its content
   build/node-vllm/                      vLLM for the GPU node: part-01.., manifest.json, node.sh, node_parts.py
+  build/node-quality/                   quality for the GPU node (the embedded model, lm-eval, compressed-tensors, the
+                                        llama.cpp binding's wheel): the same four kinds of file
   .venv-gpu/                            a GPU box's interpreter with vLLM's CUDA build (make setup-gpu)
   $BAKEOFF_CACHE_DIR (~/.cache/bakeoff)    outside the clone: finished builds; files' sha256 by inode (manifest)
 
@@ -72,6 +74,15 @@ SOURCE_ARCHIVE = "source.tar.gz"  # inside the llama.cpp source directory
 # experiment's engines.vllm.pythonpath names the same folder).
 NODE_VLLM_DIR = "build/node-vllm"
 NODE_VLLM_SITE = "/tmp/bakeoff-vllm/site"
+# The node route's carried quality payload (bakeoff.node.quality): the parts folder here, where node.sh installs it
+# on the node (and puts it on the stages' PYTHONPATH once installed; the environment variable moves it, for tests),
+# and the folder inside that site holding the llama.cpp binding's wheel and its provenance (a dot name: never an
+# importable package on that path).
+NODE_QUALITY_DIR = "build/node-quality"
+NODE_QUALITY_SITE = "/tmp/bakeoff-quality/site"
+QUALITY_SITE_ENV = "BAKEOFF_QUALITY_SITE"
+BINDING_CARRY_DIR = ".bakeoff-binding"
+BINDING_PROVENANCE = "binding.json"  # beside the carried binding wheel: the sdist it was built from
 # Beside .venv on a GPU box: the interpreter with vLLM's CUDA build (`make setup-gpu`, the Makefile's GPU_VENV),
 # which GPU hardware configs name as hardware.vllm_python.
 GPU_VENV = ".venv-gpu"
@@ -204,3 +215,8 @@ def cache_root() -> Path | None:
         return None if explicit == "off" else Path(explicit)
     base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
     return Path(base) / "bakeoff"
+
+
+def quality_site() -> Path:
+    """Where the node route's carried quality payload is installed (``$BAKEOFF_QUALITY_SITE`` moves it, for tests)."""
+    return Path(os.environ.get(QUALITY_SITE_ENV) or NODE_QUALITY_SITE)

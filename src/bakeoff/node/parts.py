@@ -7,7 +7,9 @@ sha256, under one manifest; each warm call carries one part, and the node
 keeps it. Only when every part has come is the payload put together, checked
 against the manifest's sha256, and installed into a fresh folder that replaces
 the target in one rename: a missing or corrupted part installs nothing. A part
-that comes twice is taken once.
+that comes twice is taken once. The manifest's ``install`` says what goes into the target:
+``pip_no_deps`` wheels (pip install --no-index --no-deps --target), ``unzip`` wheels (extracted as they are)
+and ``copy`` files (kept at their payload path, e.g. a wheel that a later step installs itself).
 
 This file is standard-library only: ``node.sh`` runs it with the node's own
 ``python3`` (``python3 node_parts.py receive ...``) before anything is
@@ -197,6 +199,9 @@ def install(manifest: dict, state_root: Path, target: Path, python: str = sys.ex
         for w in manifest["install"].get("unzip", []):
             with zipfile.ZipFile(files / w) as z:
                 z.extractall(site)
+        for c in manifest["install"].get("copy", []):  # files kept as they are, at their payload path in the site
+            (site / c).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(files / c, site / c)
         (site / INSTALLED_MARK).write_text(json.dumps({
             "payload_sha256": manifest["payload"]["sha256"], "package": manifest.get("package"),
             "version": manifest.get("version"), "installed_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
