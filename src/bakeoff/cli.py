@@ -177,16 +177,22 @@ COMMANDS: dict[str, Command] = {
          arg("--record", metavar="RUN", help="plan: a record folder (runs/<name>): its plan beside the minutes its "
                                              "call logs show, as Markdown"),
          arg("--repo", default=".", help="the checkout (pack, unpack) or the node's run directory (collect)"),
-         arg("--source", help="pack: the pinned llama.cpp source (build/llamacpp/src-<commit>)"),
-         arg("--wheels", help="pack: folder of the wheels the node lacks"),
+         arg("--source", help="pack: the pinned llama.cpp source (build/llamacpp/src-<commit>; with --quality, "
+                              "its sdist builds the binding wheel; default: conf/engine/llamacpp.yaml's commit)"),
+         arg("--wheels", help="pack: folder of the wheels the node lacks; pack --quality: the download cache "
+                              "(default ~/.cache/bakeoff/wheels/quality)"),
          arg("--out", default=None,
-             help="pack: bundle folder (node-bundle; with --vllm, build/node-vllm); collect: tarball to write"),
+             help="pack: bundle folder (node-bundle; with --vllm, build/node-vllm; with --quality, build/node-quality); "
+                  "collect: tarball to write"),
          arg("--vllm", metavar="VERSION",
              help="pack: instead of the bundle, vLLM VERSION for the node as parts (bakeoff.node.vllm)"),
+         arg("--quality", action="store_true",
+             help="pack: instead of the bundle, quality for the node as parts: the embedded model, lm-eval, "
+                  "compressed-tensors, the binding wheel (bakeoff.node.quality)"),
          arg("--vllm-wheels", help="pack --vllm: the download cache (default ~/.cache/bakeoff/wheels/vllm-V)"),
          arg("--part-mib", type=float, default=None,
-             help="pack --vllm: part size in MiB (default: up to 55, what fits a call beside the working tree)"),
-         arg("--offline", action="store_true", help="pack --vllm: use only wheels already in the cache"),
+             help="pack --vllm/--quality: part size in MiB (default: up to 55, what fits a call beside the working tree)"),
+         arg("--offline", action="store_true", help="pack --vllm/--quality: use only wheels already in the cache"),
          arg("--resume", action="append", default=[], metavar="TGZ",
              help="pack: an earlier node-results.tgz whose finished cells the node keeps (repeatable)"))),
     "stage": Command(

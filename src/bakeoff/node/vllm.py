@@ -104,7 +104,7 @@ def node_packages(path: Path = NODE_PACKAGES) -> dict[str, str | None]:
     return out
 
 
-def _wheel_meta(path: Path) -> tuple[str, str, list[str]]:
+def wheel_meta(path: Path) -> tuple[str, str, list[str]]:
     """Name, version and Requires-Dist lines of a wheel, read from its METADATA."""
     with zipfile.ZipFile(path) as z:
         meta = next((n for n in z.namelist() if n.count("/") == 1 and n.endswith(".dist-info/METADATA")), None)
@@ -125,7 +125,7 @@ class Closure:
     mismatches: list[dict] = field(default_factory=list)  # the node's version outside a requirement, accepted
 
 
-def _local_wheel(dest: Path, name: str, spec: object) -> Path | None:
+def local_wheel(dest: Path, name: str, spec: object) -> Path | None:
     """A wheel of ``name`` in ``dest`` whose version satisfies ``spec`` (the newest such), else None."""
     from packaging.utils import parse_wheel_filename
     from packaging.version import Version
@@ -222,7 +222,7 @@ def collect_wheels(top: str, dest: Path, node: dict[str, str | None] | None = No
             again.extras = extras
             wanted[name] = again
         todo = [f"{n}{r.specifier}" for n, r in wanted.items()
-                if n not in out.wheels and _local_wheel(dest, n, r.specifier) is None]
+                if n not in out.wheels and local_wheel(dest, n, r.specifier) is None]
         if todo and not fetch:
             asked = [f"{t} (asked by {', '.join(f'{s} ({b})' for s, b in specs[canonical(Requirement(t).name)])})"
                      for t in sorted(todo)]
@@ -231,7 +231,7 @@ def collect_wheels(top: str, dest: Path, node: dict[str, str | None] | None = No
         queue = []
         for name, req in wanted.items():
             if name not in out.wheels:
-                w = _local_wheel(dest, name, req.specifier)
+                w = local_wheel(dest, name, req.specifier)
                 if w is None:
                     raise BakeoffError(f"pip saved no wheel of {name}{req.specifier} in {dest} (asked by "
                                        f"{', '.join(f'{s} ({b})' for s, b in specs[name])})")
@@ -241,7 +241,7 @@ def collect_wheels(top: str, dest: Path, node: dict[str, str | None] | None = No
             if not (base or new_extras):
                 continue
             expanded.setdefault(name, set()).update(new_extras)
-            _, version, requires = _wheel_meta(out.wheels[name])
+            _, version, requires = wheel_meta(out.wheels[name])
             scopes = ([""] if base else []) + sorted(new_extras)
             for line in requires:
                 dep = Requirement(line)
