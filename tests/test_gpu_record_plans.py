@@ -9,7 +9,8 @@ NOT to fit, with its reasons, so that this test cannot pass silently once they c
 The vLLM parts' count comes from ``build/node-vllm/manifest.json`` where vLLM is packed: each plan is made twice,
 with a packed manifest of 4 parts (the payload sent from a checkout without the records' tarballs,
 docs/node-route-vllm.md) and with none (the planner's default, 6 parts), so the verdict does not depend on what
-this checkout has built.
+this checkout has built. The quality payload's (``build/node-quality``, h100_quality only) is the planner's default
+there, 2 parts of 55 MiB, and 4 (the parts a checkout with the records' tarballs leaves room for) where said.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from bakeoff.node.observed import PlanError, Record, load_records
-from bakeoff.node.plan import NODE_S, Plan, make_plan
+from bakeoff.node.plan import DEFAULT_QUALITY_PARTS, NODE_S, Plan, make_plan, quality_needs
 
 from conftest import ROOT
 
@@ -98,8 +99,11 @@ def test_the_splits_were_needed(records: list[Record], repo: Path) -> None:
 def test_record_a_is_not_planned_to_fit_and_says_why(records: list[Record], repo: Path) -> None:
     """h100_quality (issue 45 record a). 1: the planner has no rate for it (no record served SmolLM2 on a GPU, and
     its config states no shape for the roofline). 2: given the shape as a what-if, its quality is counted at
-    bakeoff.composition.walltime's bound, 30 minutes a variant, which no call and no node holds; 3: without
-    quality the rest fits. When a record brings an eval_s or the model a shape, these fail: plan it again."""
+    bakeoff.composition.walltime's bound, 30 minutes a variant, which no call and no node holds; 3: what it needs
+    on the node is now carried: the quality payload's part calls come first (bakeoff.node.quality), for all three
+    reasons; 4: without quality the rest fits, its weights and fp8 still carried in 2 parts, and not in the 4 a
+    checkout with the records' tarballs leaves room for. When a record brings an eval_s or the model a shape, or
+    the payload grows, these fail: plan it again."""
     with pytest.raises(PlanError, match="no rate for"):
         plan([f"experiment={QUALITY}"], records, repo)
     whatif = plan([f"experiment={QUALITY}", SMOLLM2_SHAPE], records, repo)
@@ -110,5 +114,12 @@ def test_record_a_is_not_planned_to_fit_and_says_why(records: list[Record], repo
     assert len(variants) == 6
     assert sorted(u.split(" block")[0] for u in whatif.unfit) == sorted(variants)
     assert all("quality (30.0 min) does not fit a call's 9 minutes" in u for u in whatif.unfit)
+    assert len(quality_needs(whatif.cfg)) == 3 and whatif.quality_parts == (DEFAULT_QUALITY_PARTS, whatif.quality_parts[1])
+    assert [c.command.split()[-1] for c in whatif.calls[:DEFAULT_QUALITY_PARTS]] == \
+        [f"build/node-quality/part-{k:02d}" for k in range(1, DEFAULT_QUALITY_PARTS + 1)]
     rest = plan([f"experiment={QUALITY}", SMOLLM2_SHAPE, "eval=none"], records, repo)
+    assert rest.quality_parts is not None and rest.quality_parts[0] == DEFAULT_QUALITY_PARTS == 2
     assert rest.fits, round(rest.total_s / 60, 1)
+    wide = make_plan(["hardware=h100", f"experiment={QUALITY}", SMOLLM2_SHAPE, "eval=none"], records=records, repo=repo,
+                     conf_dir=ROOT / "conf", quality=(4, "a checkout with the records' tarballs: parts of 28.8 MiB"))
+    assert not wide.fits and wide.total_s > NODE_S, round(wide.total_s / 60, 1)

@@ -24,13 +24,15 @@ taken over from earlier bundles: no one config's plan describes it), ``h200-llam
 from __future__ import annotations
 
 import io
+import json
 from contextlib import redirect_stdout
+from pathlib import Path
 
 import pytest
 
 from bakeoff.loadgen.capacity import probes_needed
 from bakeoff.node.observed import PlanError, Record, load_record, load_records
-from bakeoff.node.plan import CALL_S, NODE_S, Plan, make_plan, render
+from bakeoff.node.plan import CALL_S, NODE_S, PART_CALL_S, QUALITY_INSTALL_S, Plan, make_plan, quality_needs, render
 from bakeoff.node.plan_check import RecordCheck, check_record, record_overrides, record_section
 
 from conftest import ROOT
@@ -147,6 +149,38 @@ def test_the_vllm_route_counts_its_part_calls_and_the_build_runs_in_the_backgrou
     assert blocks.parts is None and not any("--part" in c.command for c in blocks.calls)
     assert any(j.rule == "build_llamacpp" for j in blocks.background)
     assert blocks.terms()["wait"] > 0  # no part calls to hide the build behind: the first run call waits
+
+
+SMOLLM2_SHAPE = "+model.synthetic={n_layer:30,n_embd:576,n_ff:1536,n_head:9,n_head_kv:3,n_vocab:49152}"
+
+
+def _quality_packed(repo: Path, parts: int) -> Path:
+    (repo / "build" / "node-quality").mkdir(parents=True)
+    manifest = {"packed_utc": "test", "parts": [{"name": f"part-{k:02d}"} for k in range(1, parts + 1)]}
+    (repo / "build" / "node-quality" / "manifest.json").write_text(json.dumps(manifest))
+    return repo
+
+
+def test_the_quality_payload_goes_in_part_calls_before_the_prepare(records: list[Record], tmp_path: Path) -> None:
+    """h100_quality needs the quality payload (bakeoff.node.quality) for its model's weights and its fp8, and for
+    scoring unless eval=none: one call a packed part, before ``--prepare`` (whose fetch_model reads the GGUF from it),
+    the last installing it. Parts before the prepare hide none of its background work: the wait does not depend on
+    their count (mutant: the wait counted from the first call). A config needing none of it has none."""
+    def quality(parts: int) -> Plan:
+        return make_plan(["experiment=h100_quality", "hardware=h100", SMOLLM2_SHAPE, "eval=none"], records=records,
+                         repo=_quality_packed(tmp_path / f"q{parts}", parts), conf_dir=ROOT / "conf")
+    three, one = quality(3), quality(1)
+    assert len(quality_needs(three.cfg)) == 2  # the weights and the fp8; eval=none scores nothing
+    commands = [c.command for c in three.calls]
+    assert commands[:3] == [f"bash build/node-quality/node.sh --part build/node-quality/part-0{k}" for k in (1, 2, 3)]
+    assert commands[3].startswith("bash .gpucarry/node.sh --prepare experiment=h100_quality")
+    assert three.quality_parts is not None and three.quality_parts[0] == 3
+    assert three.terms()["quality_parts"] == 3 * PART_CALL_S + QUALITY_INSTALL_S
+    assert three.terms()["wait"] == one.terms()["wait"] > 0
+    assert "quality parts: 3, from build/node-quality/manifest.json" in render(three)
+    seed = make_plan(["experiment=h200_seed", "hardware=h100"], records=records, repo=_quality_packed(tmp_path / "s", 3),
+                     conf_dir=ROOT / "conf")
+    assert seed.quality_parts is None and not any("node-quality" in c.command for c in seed.calls)
 
 
 def test_the_command_prints_a_plan() -> None:

