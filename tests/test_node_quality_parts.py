@@ -21,13 +21,13 @@ import pytest
 import yaml
 from test_node_vllm_parts import wheel
 
+from bakeoff.engines.llamacpp_binding import carried_binding, check_python_only, provenance, sdist_sha256
 from bakeoff.errors import ToolchainError
 from bakeoff.layout import BINDING_CARRY_DIR, BINDING_PROVENANCE, QUALITY_SITE_ENV, SOURCE_ARCHIVE
 from bakeoff.models.manifest import write_manifest
 from bakeoff.node.bundle import NODE_SH, trim_source
 from bakeoff.node.parts import INSTALLED_MARK
 from bakeoff.node.quality import BINDING_PACKAGE, EMBEDDED, pack_quality
-from bakeoff.stages.build_llamacpp_python import carried_binding, check_python_only, provenance, sdist_sha256
 
 from conftest import ROOT
 

@@ -28,19 +28,19 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from bakeoff.errors import BakeoffError
-from bakeoff.layout import BINDING_CARRY_DIR, BINDING_PROVENANCE, NODE_QUALITY_SITE
-from bakeoff.models.manifest import verify
-from bakeoff.node import parts as node_parts
-from bakeoff.node.payload import pack_payload, wheel_rows
-from bakeoff.node.vllm import MARKER_ENV, Closure, canonical, collect_wheels, download, local_wheel, node_packages, wheel_meta
-from bakeoff.stages.build_llamacpp_python import (
+from bakeoff.engines.llamacpp_binding import (
     build_wheel,
     carried_binding,
     check_python_only,
     provenance,
     sdist_sha256,
 )
+from bakeoff.errors import BakeoffError
+from bakeoff.layout import BINDING_CARRY_DIR, BINDING_PROVENANCE, NODE_QUALITY_SITE
+from bakeoff.models.manifest import verify
+from bakeoff.node import parts as node_parts
+from bakeoff.node.payload import pack_payload, wheel_rows
+from bakeoff.node.vllm import MARKER_ENV, Closure, canonical, collect_wheels, download, local_wheel, node_packages, wheel_meta
 
 # The embedded model's package (conf/model/smollm2_135m.yaml's ``embedded``; tests/test_node_quality_parts.py holds
 # the two equal), carried without its requirements.
