@@ -88,3 +88,33 @@ def test_a_cells_workers_are_gone_within_a_second_of_its_process_being_killed_or
         finally:
             child.kill()
             child.wait(10)
+
+
+# The same cell in the stage's own process (one worker: uvloop's loop in the main thread), as most cells run.
+CELL_IN_PROCESS = (CELL.replace("workers=2", "workers=1")
+                   .replace("    time.sleep(60)", "    print('stopped', flush=True)\n    time.sleep(60)"))
+
+
+def test_a_stages_sigterm_ends_a_cell_run_in_its_own_process_at_once() -> None:
+    """uvloop only logs what a signal handler raises; without bakeoff.loadgen.workers.signals_end_the_cell the cell
+    ran on after the stage's SIGTERM (measured: still streaming 40 s later), and a cancelled Slurm job's stage
+    wrote a "server died mid-cell" record once its server had stopped."""
+    server = InFlight()
+    with serving(token_delay_s=0.005, middlewares=[server.middleware()]) as url:
+        child = subprocess.Popen([sys.executable, "-c", CELL_IN_PROCESS, url], stdout=subprocess.PIPE, text=True,
+                                 env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        try:
+            deadline = time.monotonic() + 60
+            while server.now < C:
+                assert child.poll() is None and time.monotonic() < deadline, "the cell never got going"
+                time.sleep(0.05)
+            t = time.monotonic()
+            os.kill(child.pid, signal.SIGTERM)
+            while server.now and time.monotonic() - t < 1.0:
+                time.sleep(0.02)
+            assert server.now == 0, f"{server.now} requests still streaming 1 s after the stage's SIGTERM"
+            assert child.poll() is None  # the handler's exception reached the stage, which lives on to stop
+        finally:
+            child.kill()
+            out, _ = child.communicate(timeout=10)
+        assert "stopped" in out, out

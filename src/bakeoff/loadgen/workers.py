@@ -43,7 +43,7 @@ import signal
 import threading
 import time
 import traceback
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Protocol
 
@@ -494,13 +494,49 @@ def run_processes(plans: list[Plan], n: int, on_done: Callable[[RequestRecord, f
     return Ran(sorted(health, key=lambda h: h["worker"]), float(shared["ramp_s"].value))
 
 
+async def signals_end_the_cell(cell: Coroutine[Any, Any, None]) -> None:
+    """Await ``cell``; a signal handler's exception (a stage's SIGTERM: bakeoff.engines.session.Interrupted)
+    ends it and is raised here.
+
+    Why: uvloop runs Python signal handlers inside a loop callback and only logs what they raise, so a stage's
+    SIGTERM during an in-process cell was swallowed and the cell ran on (measured: still running 40 s after the
+    signal, where asyncio's loop raised at once). A handler's exception is a BaseException that is not an
+    Exception; the loop's exception handler takes it, cancels the cell, and it is raised once the cell has
+    unwound. Anything else goes to the loop's default handler as before.
+    """
+    loop = asyncio.get_running_loop()
+    task = asyncio.ensure_future(cell)
+    caught: list[BaseException] = []
+
+    def on_error(lp: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
+        exc = context.get("exception")
+        if isinstance(exc, BaseException) and not isinstance(exc, Exception):
+            caught.append(exc)
+            task.cancel()
+            return
+        lp.default_exception_handler(context)
+
+    previous = loop.get_exception_handler()
+    loop.set_exception_handler(on_error)
+    try:
+        await task
+    except asyncio.CancelledError:
+        if caught:
+            raise caught[0] from None
+        raise
+    finally:
+        loop.set_exception_handler(previous)
+    if caught:  # the cell ended on its own as the signal came
+        raise caught[0]
+
+
 def run_local(plan: Plan, n: int, on_done: Callable[[RequestRecord, float], bool],
               on_measure_start: Callable[[], None] | None = None) -> Ran:
     """Run one plan in this process (a worker that needs no process of its own)."""
     ctl = Local(n, on_done, on_measure_start, plan.load)
 
     async def main() -> None:
-        await drive(plan, ctl, time.thread_time)  # its own thread's CPU: not the telemetry's or the progress bar's
+        await signals_end_the_cell(drive(plan, ctl, time.thread_time))  # its own thread's CPU, not telemetry's
 
     try:
         asyncio.get_running_loop()
