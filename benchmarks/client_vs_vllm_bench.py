@@ -215,7 +215,7 @@ def main() -> int:
                     print(f"c={c} round {r} {who:10s} " + json.dumps(
                         {k: (round(v, 3) if isinstance(v, float) else v) for k, v in res.items() if v is not None}),
                         file=sys.stderr, flush=True)
-            write_report(out, runs, a)  # after each concurrency: a run stopped at its time limit keeps what finished
+                write_report(out, runs, a)  # after each round: a run stopped at its time limit keeps what finished
     print(table(runs, a.clients))
     return 0
 

@@ -205,3 +205,20 @@ def test_a_ramped_probe_is_judged_on_its_steady_requests_not_the_whole_cell() ->
     assert not confident_within(steady, "ttft")
     burst = {"completed": 600, "over_ttft_share": 1 / 600, "p99_ttft_ms": 1.0}
     assert confident_within(burst, "ttft")
+
+
+def test_a_confident_probe_of_too_few_requests_says_so_not_the_bounds_it_met() -> None:
+    """The H100 probe at c=2 (2026-12-07) read 298 requests after its ramp, p99 TTFT 15 ms and TPOT 3.9 ms under
+    `interactive`'s 500 and 30, and was logged as exceeding both: what kept it from passing was its size."""
+    from bakeoff.loadgen.capacity import MIN_CONFIDENT_REQUESTS, TOO_FEW, Slo, judge
+
+    slo = Slo("interactive", ttft_ms=500.0, tpot_ms=30.0)
+    probe = {"completed": 301, "steady_requests": MIN_CONFIDENT_REQUESTS - 1, "failed": 0, "p99_ttft_ms": 15.0,
+             "p99_tpot_ms": 3.9, "over_ttft_share": 0.0, "over_tpot_share": 0.0}
+    short = judge(probe, slo, rule="confident")
+    assert not short.passed and short.exceeded == (TOO_FEW,)
+    assert judge({**probe, "steady_requests": MIN_CONFIDENT_REQUESTS}, slo, rule="confident").passed
+    assert judge({**probe, "p99_ttft_ms": 600.0}, slo, rule="confident").exceeded == ("ttft", TOO_FEW)
+    assert judge(probe, slo, rule="point").passed  # the point rule has no minimum
+    over = {**probe, "steady_requests": 473, "over_tpot_share": 2 / 473}  # allowance(473) is 1
+    assert judge(over, slo, rule="confident").exceeded == ("tpot",)

@@ -15,10 +15,11 @@ from dataclasses import dataclass, replace
 import numpy as np
 import pytest
 
-from bakeoff.loadgen.cellload import CellLoad
+from bakeoff.loadgen.capacity import EarlyStop, Slo, judge, probe_requests
+from bakeoff.loadgen.cellload import RAMP_SUPPLY, CellLoad
 from bakeoff.loadgen.echo_server import InFlight, Steps, serving
 from bakeoff.loadgen.metrics import START_METRICS, RequestRecord, summarize
-from bakeoff.loadgen.runner import CellResult, run_cell
+from bakeoff.loadgen.runner import CellResult, run_cell, short_of_steady
 
 K, STEP_S, C, OUT, TOKEN_S = 4, 0.05, 16, 40, 0.01
 TTFT_BOUND_MS = 120.0  # above any steady TTFT here (one step and jitter), under the burst's last group (~150-200 ms)
@@ -38,7 +39,7 @@ def _run(start: str, ramp_s: float | None = None, workers: int = 1) -> Cell:
                     warmup_prompts=[f"w {i}" for i in range(C)], start=start, ramp_s=ramp_s)  # type: ignore[arg-type]
     if load.ramp_extra():
         load = CellLoad([f"p {i}" for i in range(N + load.ramp_extra())], prompt_len=2, output_len=OUT,
-                        concurrency=C, warmup_prompts=load.warmup_prompts, start=load.start, ramp_s=ramp_s)
+                        concurrency=C, warmup_prompts=load.warmup_prompts, start=load.start, ramp_s=ramp_s, steady=N)
     server = InFlight()
     arrived: dict[str, float] = {}
     counting = server.middleware()
@@ -52,7 +53,8 @@ def _run(start: str, ramp_s: float | None = None, workers: int = 1) -> Cell:
 
     with serving(token_delay_s=TOKEN_S, middlewares=[web.middleware(arrivals)], steps=Steps(K, STEP_S)) as url:
         res = run_cell(url, "m", load, show_progress=False, workers=workers)
-    assert all(r.success for r in res.records) and len(res.records) == len(load.prompts)
+    assert all(r.success for r in res.records) and len(res.records) <= len(load.prompts)
+    assert load.ramped or len(res.records) == len(load.prompts)  # a burst sends every prompt
     # the server's clock against the cell's: each request arrived a fraction of a millisecond after it was sent
     t0 = float(np.median([arrived[f"p {r.index}"] - r.start for r in res.records]))
     return Cell(res, res.summary({"ttft": TTFT_BOUND_MS}, concurrency=C), server, t0)
@@ -87,11 +89,12 @@ def test_a_burst_fails_the_ttft_bound_that_the_ramped_steady_span_passes(burst: 
     assert 0.39 + STEP_S * 0.5 < r["load_ramp_s"] < 0.39 + 5 * STEP_S and ramped.result.ramp_s == r["load_ramp_s"]
     steady = [x for x in ramped.result.records if not x.ramp]
     assert r["steady_requests"] == len(steady) == r["completed"] - sum(x.ramp for x in ramped.result.records)
-    # n + c prompts leave about n after the ramp: c first sends, and the refills of slots whose first request
-    # ended before the ramp did (the warm-up's queue made its median latency longer than a steady cycle)
+    # exactly n after the ramp, whatever the ramp sent: c first sends, and the refills of slots whose first
+    # request ended before the ramp did (the warm-up's queue made its median latency longer than a steady cycle)
+    assert len(steady) == N
     ramp, cycle = r["load_ramp_s"], float(np.median([x.e2el for x in steady]))
     refills = sum(max(0, int(np.ceil((ramp - j * ramp / C) / cycle)) - 1) for j in range(C))
-    assert abs(len(ramped.result.records) - len(steady) - (C + refills)) <= 2, (len(steady), refills)
+    assert abs(len(ramped.result.records) - N - (C + refills)) <= 2, (len(ramped.result.records), refills)
     assert all(x.start >= r["load_ramp_s"] or _intended(x) >= r["load_ramp_s"] for x in steady)
     assert all(min(x.start, _intended(x)) < r["load_ramp_s"] for x in ramped.result.records if x.ramp)
 
@@ -158,9 +161,13 @@ def test_the_ramp_flag_is_written_with_the_request() -> None:
 
 
 def test_a_ramp_is_a_closed_loops_and_its_extra_prompts_are_the_callers_to_send() -> None:
-    closed = CellLoad(["p"] * 10, 2, 4, concurrency=4, start="ramp", ramp_s=1.0)
-    assert closed.ramped and closed.ramp_extra() == 4
-    assert CellLoad(["p"] * 10, 2, 4, concurrency=4).ramp_extra() == 0
+    closed = CellLoad(["p"] * 20, 2, 4, concurrency=4, start="ramp", ramp_s=1.0)
+    assert closed.ramped and closed.ramp_extra() == RAMP_SUPPLY * 4 and closed.steady_cap == 20 - RAMP_SUPPLY * 4
+    assert CellLoad(["p"] * 20, 2, 4, concurrency=4, start="ramp", ramp_s=1.0, steady=5).steady_cap == 5
+    burst = CellLoad(["p"] * 10, 2, 4, concurrency=4)
+    assert burst.ramp_extra() == 0 and burst.steady_cap is None
+    with pytest.raises(ValueError, match="steady"):
+        CellLoad(["p"] * 10, 2, 4, concurrency=4, start="ramp", ramp_s=1.0, steady=11)
     rate = CellLoad(["p"] * 10, 2, 4, concurrency=4, request_rate=5.0, start="ramp", ramp_s=1.0)
     assert not rate.ramped and rate.ramp_extra() == 0  # an open loop keeps its own schedule
     with pytest.raises(ValueError, match="warm-up"):
@@ -178,3 +185,48 @@ def test_slots_are_numbered_across_the_cell_each_worker_holding_its_split_share(
         assert sorted(j for p in ps for j in p.slots) == list(range(c))
         assert [len(p.slots) for p in ps] == split(c, w)
         assert all(p.slots == tuple(range(p.worker, c, w)) for p in ps)  # interleaved: a ramp starts them in turn
+
+
+def _quick_ramp(n: int, c: int, workers: int, ramp_s: float | None = None) -> tuple[CellLoad, CellResult]:
+    """A ramped cell on a server whose TPOT grows with the requests it serves (10 ms + 1 ms each): a request sent
+    while the ramp is still rising is quicker than the cycle that timed the ramp, so slots refill in the ramp."""
+    load = CellLoad([f"q {i}" for i in range(n + RAMP_SUPPLY * c)], prompt_len=2, output_len=8, concurrency=c,
+                    warmup_prompts=[f"w {i}" for i in range(c)], start="ramp", ramp_s=ramp_s, steady=n)
+    with serving(token_delay_s=0.01, slot_delay_s=0.001) as url:
+        return load, run_cell(url, "m", load, show_progress=False, workers=workers,
+                              stop_when=EarlyStop(n, Slo("t", ttft_ms=1000.0, tpot_ms=100.0), "point"))
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_a_confident_probe_within_its_bounds_sends_exactly_its_requests_after_the_ramp_and_passes(workers: int) -> None:
+    """An H100 probe at c=64 sent 76 requests in its ramp, 12 more than one a slot, and the 299 + c prompts it was
+    given left 287 after it: under the 299 with which the confident rule can pass, so every ramped probe failed,
+    whatever its latencies. The loop counts the requests it sends after the ramp and stops at n."""
+    c, n = 16, probe_requests(16, 0, 1, "confident")
+    slo = Slo("t", ttft_ms=1000.0, tpot_ms=100.0)  # every request is far within: ~26 ms a token at c = 16
+    load, res = _run_checked(*_quick_ramp(n, c, workers))
+    in_ramp = sum(r.ramp for r in res.records)
+    assert in_ramp > c, in_ramp  # the premise: slots refilled during the ramp
+    m = res.summary({"ttft": slo.ttft_ms, "tpot": slo.tpot_ms}, concurrency=c)
+    assert m["steady_requests"] == n == 299 and not short_of_steady(res, load)
+    assert len(res.records) == n + in_ramp < len(load.prompts)  # the supply the ramp did not use was not sent
+    assert judge(m, slo, res.client["stopped_early"], "confident").passed, m
+
+
+def _run_checked(load: CellLoad, res: CellResult) -> tuple[CellLoad, CellResult]:
+    assert all(r.success for r in res.records) and not res.client["stopped_early"]
+    return load, res
+
+
+def test_a_ramp_that_draws_its_whole_supply_is_found_short() -> None:
+    """A ramp ten request cycles long refills each slot about ten times: three prompts a slot run out, fewer than n
+    are sent after it, and the caller is told (bakeoff.serving.measure runs such a cell again with more)."""
+    from bakeoff.serving.measure import MAX_REFILLS, ramp_short
+
+    load, res = _run_checked(*_quick_ramp(20, 4, 1, ramp_s=1.0))
+    after = sum(not r.ramp for r in res.records)
+    assert len(res.records) == len(load.prompts) and after < 20 and short_of_steady(res, load)
+    again, note = ramp_short(res, load, 0) or (None, "")
+    assert again is True and f"leaving {after} of 20" in note
+    assert ramp_short(res, load, MAX_REFILLS) == (False, f"short of its steady span: {after} of 20 requests after the "
+                                                         f"ramp, which drew all {RAMP_SUPPLY * 4} prompts of its supply")

@@ -85,6 +85,7 @@ RATE_PROBES = 8  # the rate search's budget where none is configured
 RESOLUTION = 0.05  # the concurrency search's default: stop within 5 % of the highest pass (within_resolution)
 P99_SHARE = 0.01  # the share of requests a p99 bound allows over it
 # The fewest requests with which ``confident`` can pass: none over, 0.99^n <= 0.05 (299).
+TOO_FEW = "too few requests"  # a confident verdict's reason where the probe read too few to pass (judge)
 MIN_CONFIDENT_REQUESTS = math.ceil(math.log(1.0 - LEVEL) / math.log1p(-P99_SHARE))
 
 
@@ -179,11 +180,20 @@ def confident_within(metrics: Mapping[str, Any], bound: str) -> bool:
 
 
 def judge(metrics: Mapping[str, Any], slo: Slo, stopped_early: bool = False, rule: Rule = "point") -> Verdict:
-    """A probe's verdict from its cell metrics (``summarize``'s keys) under ``rule`` (the module's Verdict)."""
+    """A probe's verdict from its cell metrics (``summarize``'s keys) under ``rule`` (the module's Verdict).
+
+    Under ``confident`` a probe that read fewer than ``MIN_CONFIDENT_REQUESTS`` requests cannot pass whatever its
+    latencies: its verdict names that (``too few requests``) beside any bound its p99s exceeded, not the bounds
+    they met."""
     _check_rule(rule)
-    exceeded = [k for k, bound in slo.bounds().items()
-                if not (metrics.get(f"p99_{k}_ms") is not None and metrics[f"p99_{k}_ms"] <= bound)
-                or (rule == "confident" and not confident_within(metrics, k))]
+    point = [k for k, bound in slo.bounds().items()
+             if not (metrics.get(f"p99_{k}_ms") is not None and metrics[f"p99_{k}_ms"] <= bound)]
+    exceeded = list(point)
+    if rule == "confident":
+        if int(metrics.get("steady_requests", metrics.get("completed")) or 0) < MIN_CONFIDENT_REQUESTS:
+            exceeded.append(TOO_FEW)
+        else:
+            exceeded = [k for k in slo.bounds() if k in point or not confident_within(metrics, k)]
     if metrics.get("failed"):
         exceeded.append("failed")
     return Verdict(not exceeded and not stopped_early, tuple(exceeded) or (("early stop",) if stopped_early else ()),

@@ -15,8 +15,13 @@ parameters repeated at every step, in positions that had to agree.
   ``ramp_s`` left out is the median end-to-end latency of the cell's warm-up requests: one request cycle, over
   which every slot has started once. The requests sent before the ramp ends are marked (``RequestRecord.ramp``)
   and left out of the cell's latency statistics (bakeoff.loadgen.metrics.summarize), which are then the
-  steady span's. Those are about ``c`` requests more than a burst sends for the same statistics: a caller that
-  wants ``n`` measured requests sends ``n + ramp_extra()`` prompts.
+  steady span's. How many the ramp sends depends on the server: each slot's first request, and again for each
+  slot whose request ended before the ramp did (under the ramp's lighter load a request is quicker than the
+  cycle that timed the ramp; an H100 probe at c=64 sent 76 in its ramp, at c=2 three). So the loop counts the
+  requests it sends after the ramp and stops at ``steady`` of them: a caller that wants ``n`` measured requests
+  gives ``steady=n`` and ``n + ramp_extra()`` prompts, the extra ones a supply the ramp draws on as it needs.
+  Where the ramp took all its supply, fewer than ``n`` were sent after it (bakeoff.loadgen.runner.short_of_steady):
+  the caller runs the cell again with more (bakeoff.serving.measure).
 
 An open loop (``request_rate`` or ``offsets``) has its own arrival schedule, and multi-turn sessions their own
 think times: both ignore ``start`` (the cell records it as ``burst``, with no ramp).
@@ -31,12 +36,15 @@ Start = Literal["burst", "ramp"]
 STARTS: tuple[Start, ...] = ("burst", "ramp")
 
 
-def ramp_extra(start: str, concurrency: int, *, open_loop: bool, sessions: bool) -> int:
-    """The prompts a ramped cell needs beyond its ``n`` measured ones, for ``n`` to be sent after the ramp:
-    each slot's first request (a ramp of one request cycle, the automatic length, sends about that many);
-    0 where the start is not a ramp, or the loop ignores it (open loops, sessions). A ramp much longer than one
-    request sends about ``c x ramp_s / E2EL``. Callers that build the prompts before the CellLoad ask here."""
-    return concurrency if start == "ramp" and not open_loop and not sessions else 0
+RAMP_SUPPLY = 3  # prompts a slot may send during a ramp: its first, and refills of requests quicker than the ramp
+
+
+def ramp_extra(start: str, concurrency: int, *, open_loop: bool, sessions: bool, supply: int = RAMP_SUPPLY) -> int:
+    """The prompts a ramped cell holds beyond its ``n`` measured ones, for the ramp to draw on (module docstring):
+    ``supply`` per slot, ``RAMP_SUPPLY`` by default, where a ramp of one request cycle (the automatic length)
+    sends one to about one and a half; those it does not use are never sent. 0 where the start is not a ramp,
+    or the loop ignores it (open loops, sessions). Callers that build the prompts before the CellLoad ask here."""
+    return supply * concurrency if start == "ramp" and not open_loop and not sessions else 0
 
 
 @dataclass(frozen=True)
@@ -62,7 +70,8 @@ class CellLoad:
     and ``output_len``); ``offsets`` sends them open loop on that schedule (seconds from the start),
     ``request_rate`` on a Poisson schedule drawn from ``seed``; neither: closed loop at ``concurrency``.
     ``sessions`` makes the closed loop multi-turn. ``warmup_prompts`` go before the measured window,
-    ``warmup_concurrency`` at once (at least ``concurrency``).
+    ``warmup_concurrency`` at once (at least ``concurrency``). ``steady``: a ramped loop's requests after its
+    ramp, the rest of ``prompts`` the ramp's supply (left out: all but ``ramp_extra()`` of them; ``steady_cap``).
     """
 
     prompts: list[Any]
@@ -81,6 +90,7 @@ class CellLoad:
     seed: int = 0
     start: Start = "burst"
     ramp_s: float | None = None
+    steady: int | None = None
 
     def __post_init__(self) -> None:
         if self.start not in STARTS:
@@ -92,6 +102,8 @@ class CellLoad:
         if self.ramped and self.ramp_s is None and not self.warmup_prompts:
             raise ValueError("a ramp of automatic length is the warm-up's median latency: give warm-up prompts "
                              "or ramp_s")
+        if self.steady is not None and not 1 <= self.steady <= len(self.prompts):
+            raise ValueError(f"steady must be 1 .. {len(self.prompts)} (the prompts), got {self.steady}")
 
     @property
     def open_loop(self) -> bool:
@@ -110,3 +122,10 @@ class CellLoad:
     def ramp_extra(self) -> int:
         """This cell's :func:`ramp_extra`."""
         return ramp_extra(self.start, self.concurrency, open_loop=self.open_loop, sessions=self.sessions is not None)
+
+    @property
+    def steady_cap(self) -> int | None:
+        """The requests a ramped loop sends after its ramp before it stops (None: no cap, every prompt is sent)."""
+        if not self.ramped:
+            return None
+        return self.steady if self.steady is not None else max(1, len(self.prompts) - self.ramp_extra())

@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 
 from bakeoff.errors import BakeoffError
 from bakeoff.loadgen.cellload import CellLoad, ramp_extra
 from bakeoff.loadgen.prompts import make_prompts
-from bakeoff.loadgen.runner import run_cell
+from bakeoff.loadgen.runner import run_cell, short_of_steady
 
 
 def run_command(a: argparse.Namespace) -> None:
@@ -33,6 +34,10 @@ def run_command(a: argparse.Namespace) -> None:
                     ramp_s=a.ramp_s)
     res = run_cell(a.url, a.model, load, api_key=a.api_key,
                    count_tokens=lambda t: len(tok.encode(t, add_special_tokens=False)), label="load")
+    if short_of_steady(res, load):
+        print(f"bakeoff load: the ramp drew all {extra} prompts of its supply: "
+              f"{sum(not r.ramp for r in res.records)} of --num-requests {a.num_requests} were sent after it "
+              "(a ramp of many request cycles; give a shorter --ramp-s)", file=sys.stderr)
     metrics = {**res.summary(), **res.client}
     if a.records:
         with open(a.records, "w") as f:

@@ -168,10 +168,11 @@ def app(token_delay_s: float = 0.0, middlewares: Sequence[Any] = (), slot_delay_
 
 @contextmanager
 def serving(host: str = "127.0.0.1", token_delay_s: float = 0.0, middlewares: Sequence[Any] = (),
-            steps: Steps | None = None) -> Iterator[str]:
-    """Run the server on a free port in a background thread of this process; yields its base URL."""
+            steps: Steps | None = None, slot_delay_s: float = 0.0) -> Iterator[str]:
+    """Run the server (:func:`app`'s arguments) on a free port in a background thread of this process; yields its
+    base URL."""
     loop = asyncio.new_event_loop()
-    runner = web.AppRunner(app(token_delay_s, middlewares, steps=steps), access_log=None)
+    runner = web.AppRunner(app(token_delay_s, middlewares, slot_delay_s=slot_delay_s, steps=steps), access_log=None)
     loop.run_until_complete(runner.setup())
     site = web.TCPSite(runner, host, 0)
     loop.run_until_complete(site.start())

@@ -106,10 +106,11 @@ def run_cell(
     measured window.
 
     A ramped load (``load.start == "ramp"``, bakeoff.loadgen.cellload) marks the requests sent during its ramp
-    (``RequestRecord.ramp``), and the cell's latency statistics leave them out: give it ``n + load.ramp_extra()``
-    prompts for ``n`` requests after the ramp. Nothing here adds prompts or drops any: every prompt is sent and
-    recorded. ``stop_when`` sees the ramp's requests too, marked. The result names the start and the ramp's
-    length as run (``CellResult.start``, ``ramp_s``; :meth:`CellResult.summary`).
+    (``RequestRecord.ramp``), and the cell's latency statistics leave them out: give it ``steady=n`` and
+    ``n + load.ramp_extra()`` prompts for ``n`` requests after the ramp. It sends ``n`` after the ramp and leaves
+    the ramp's unused supply unsent; where the ramp took it all, fewer (:func:`short_of_steady`). Every request
+    sent is recorded; nothing here adds prompts. ``stop_when`` sees the ramp's requests too, marked. The result
+    names the start and the ramp's length as run (``CellResult.start``, ``ramp_s``; :meth:`CellResult.summary`).
     """
     url = base_url.rstrip("/") + "/v1/completions"
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else None
@@ -124,7 +125,8 @@ def run_cell(
                         console=Console(stderr=True))  # stdout stays the caller's (`bakeoff load` prints JSON)
 
     with progress:
-        task = progress.add_task(label, total=n)
+        cap = load.steady_cap
+        task = progress.add_task(label, total=n if cap is None else min(n, cap + load.concurrency))
 
         def on_done(record: RequestRecord, end: float) -> bool:
             records[record.index] = record
@@ -154,6 +156,15 @@ def run_cell(
     if load.sessions is not None:  # the workers' time assembling each turn's prompt, all together
         client["client_prompt_build_s"] = sum(float(h.get("prompt_build_s", 0.0)) for h in health)
     return CellResult(sent, duration, client, "ramp" if load.ramped else "burst", ran.ramp_s)
+
+
+def short_of_steady(res: CellResult, load: CellLoad) -> bool:
+    """Whether a ramped cell sent fewer requests after its ramp than ``load.steady_cap`` without being stopped:
+    its ramp drew on every prompt of its supply, and the cell must be run again with more to be read whole."""
+    cap = load.steady_cap
+    if cap is None or res.client.get("stopped_early"):
+        return False
+    return sum(not r.ramp for r in res.records) < cap
 
 
 async def run_cell_async(base_url: str, model: str, load: CellLoad, **kwargs: Any) -> CellResult:

@@ -13,7 +13,9 @@ no process start), and merged back into one cell:
   ``W`` holding slots ``k, k + W, ...``, and slot ``j`` of ``c`` starts at ``j x ramp_s / c`` (a burst: all
   at 0). An automatic ramp's length is the median end-to-end latency of every worker's warm-up requests, which
   the workers bring to the second barrier; the caller fixes it with ``t0``. A request sent, or due, before the
-  ramp ended is marked ``ramp``.
+  ramp ended is marked ``ramp``. A ramp sends as many requests as its slots' cycles allow, so the counter
+  also counts the requests taken after the ramp and hands out no more once ``CellLoad.steady_cap`` of them
+  were (the prompts left over, the ramp's unused supply, are not sent).
 * **Open loop.** The one Poisson schedule (bakeoff.loadgen.runner.arrival_gaps) is dealt round-robin across
   the workers (:func:`deal`); each request is sent at its scheduled offset from the shared start, and its
   schedule delay is the actual send time minus that offset.
@@ -108,7 +110,7 @@ def ramp_length(load: CellLoad, warm_e2el: Sequence[float]) -> float:
 class Control(Protocol):
     """What a worker shares with the cell: the request counter, the stop flag, the barriers, the results."""
 
-    def take(self) -> int | None: ...
+    def take(self, ramp: bool = False) -> int | None: ...
     def stopped(self) -> bool: ...
     async def barrier(self, phase: str, warm_e2el: Sequence[float] = ()) -> Release: ...
     def done(self, record: RequestRecord, end: float) -> None: ...
@@ -125,12 +127,15 @@ class Local:
     load: CellLoad | None = None  # what the ramp's length is taken from (None: no ramp)
     ramp_s: float = 0.0  # the ramp's length, once the measure barrier fixed it
     next_index: int = 0
+    steady_taken: int = 0  # requests taken after the ramp
     stop: bool = False
     health: list[dict[str, Any]] = field(default_factory=list)
 
-    def take(self) -> int | None:
-        if self.next_index >= self.n:
+    def take(self, ramp: bool = False) -> int | None:
+        cap = self.load.steady_cap if self.load is not None else None
+        if self.next_index >= self.n or (not ramp and cap is not None and self.steady_taken >= cap):
             return None
+        self.steady_taken += not ramp
         self.next_index += 1
         return self.next_index - 1
 
@@ -159,6 +164,8 @@ class Shared:
 
     n: int
     counter: Any  # mp.Value("q")
+    steady_taken: Any  # mp.Value("q"): requests taken after the ramp, under counter's lock
+    steady_cap: int | None  # CellLoad.steady_cap
     stop: Any  # mp.Event
     releases: dict[str, Any]  # phase -> mp.Event
     t0: Any  # mp.Value("d")
@@ -166,12 +173,14 @@ class Shared:
     out: Any  # mp.Queue
     worker: int = 0
 
-    def take(self) -> int | None:
+    def take(self, ramp: bool = False) -> int | None:
         with self.counter.get_lock():
             i = self.counter.value
-            if i >= self.n:
+            if i >= self.n or (not ramp and self.steady_cap is not None
+                               and self.steady_taken.value >= self.steady_cap):
                 return None
             self.counter.value = i + 1
+            self.steady_taken.value += not ramp
         return int(i)
 
     def stopped(self) -> bool:
@@ -277,6 +286,10 @@ class Driver:
 
         await asyncio.gather(*(warm_one(i, p) for i, p in enumerate(self.plan.warm)))
 
+    def in_ramp(self, intended: float) -> bool:
+        """Whether a request due at ``intended`` (seconds from t0) belongs to the ramp: due before it ended."""
+        return intended < self.ramp_s
+
     async def request(self, i: int, intended: float, prompt: Any = None) -> RequestRecord:
         """Send measured request ``i``, due at ``intended`` (seconds from t0), and report it to the cell."""
         load = self.load
@@ -287,7 +300,7 @@ class Driver:
         # needs this answer's text now: a wave of streams ending together is then no burst of decoding.
         await self.one(rec, load.prompts[i] if prompt is None else prompt, self.t0, defer=load.sessions is None)
         rec.schedule_delay = rec.start - intended
-        rec.ramp = min(rec.start, intended) < self.ramp_s
+        rec.ramp = self.in_ramp(min(rec.start, intended))
         rec.done = time.perf_counter() - self.t0
         self.ctl.done(rec, rec.done)
         return rec
@@ -302,7 +315,8 @@ class Driver:
             intended = self.slot_start(j)
             if intended > 0:
                 await until(self.t0 + intended)
-            while not self.ctl.stopped() and (i := self.ctl.take()) is not None:
+            # a request is never sent before it is due, so whether it is the ramp's is known when it is taken
+            while not self.ctl.stopped() and (i := self.ctl.take(self.in_ramp(intended))) is not None:
                 await self.request(i, intended)
                 intended = time.perf_counter() - self.t0  # the slot is free: its next request is due now
 
@@ -438,7 +452,8 @@ def run_processes(plans: list[Plan], n: int, on_done: Callable[[RequestRecord, f
     that dies without raising (SIGKILL) takes its workers with it (:func:`die_with_parent`).
     """
     ctx = mp.get_context("spawn")  # never fork a process that holds threads (telemetry, progress)
-    shared = dict(n=n, counter=ctx.Value("q", 0), stop=ctx.Event(),
+    shared = dict(n=n, counter=ctx.Value("q", 0), steady_taken=ctx.Value("q", 0, lock=False),
+                  steady_cap=plans[0].load.steady_cap, stop=ctx.Event(),
                   releases={"warm": ctx.Event(), "measure": ctx.Event()}, t0=ctx.Value("d", 0.0),
                   ramp_s=ctx.Value("d", 0.0), out=ctx.Queue())
     procs = [ctx.Process(target=_worker_main, args=(p, Shared(**shared, worker=p.worker), os.getpid()),

@@ -28,7 +28,8 @@ made before the run says whether the run fits one node, and what to cut where it
   apart. A job cut off by a call's limit starts its server again in the next call (a later start).
 * **fixed cells** -- ``requests / c`` waves of one request's end-to-end latency (TTFT + output_len x TPOT at
   that c), after one wave of warm-up requests at their own concurrency (the first cell of a server warms every
-  llama.cpp slot); a ramped start (``load.start: ramp``) sends ``c`` more (bakeoff.loadgen.cellload.ramp_extra).
+  llama.cpp slot); a ramped start (``load.start: ramp``) sends about ``c`` more, the ramp's
+  (bakeoff.loadgen.cellload).
 * **capacity probes** -- each search is run here by bakeoff.loadgen.capacity.search_concurrency itself,
   against predicted verdicts: a probe at c passes where the predicted p99 TTFT and TPOT at c are within the
   SLO's bounds, its bracket seeded by the fixed cells' predicted verdicts as bakeoff.serving.capacity seeds

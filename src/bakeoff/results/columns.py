@@ -403,7 +403,8 @@ PROBES = _family(
         ("slo", "", "The SLO preset the probe was judged against (`bakeoff.config.slo`)."),
         ("probe_passed", "bool", "Every request succeeded and the p99 TTFT and TPOT met the SLO, under the "
          "search's rule (`capacity_verdict_rule` in the capacity table; `load_note` names it too)."),
-        ("probe_exceeded", "", "The bounds the probe exceeded (`ttft+tpot`, `failed`, `early stop`)."),
+        ("probe_exceeded", "", "The bounds the probe exceeded (`ttft+tpot`, `failed`, `early stop`); under the "
+         "confident rule `too few requests` where it read fewer than the 299 with which it can pass."),
         ("probe_recheck", "bool", "The search's end re-ran this load to check its boundary (file stem ends in "
          "`-again`)."),
         ("peak_in_flight", COUNT, "Most measured requests in flight at once. For a rate probe this is also its "

@@ -22,17 +22,18 @@ from bakeoff.engines.window import MeasuredWindow
 from bakeoff.hardware.fingerprint import node_id
 from bakeoff.hardware.memory import PeakSampler
 from bakeoff.loadgen import workload
-from bakeoff.loadgen.cellload import CellLoad, ramp_extra
+from bakeoff.loadgen.cellload import RAMP_SUPPLY, CellLoad, ramp_extra
 from bakeoff.loadgen.cells import Cell, record_base
 from bakeoff.loadgen.metrics import RequestRecord
 from bakeoff.loadgen.prompts import make_prompts
-from bakeoff.loadgen.runner import run_cell
+from bakeoff.loadgen.runner import CellResult, run_cell, short_of_steady
 from bakeoff.loadgen.workers import available_cores
 from bakeoff.models.artifacts import atomic_write_text
 from bakeoff.serving.job import ServeJob
 
 # A cell whose steady-state throughput and vLLM-defined throughput differ by more than this says so.
 STEADY_GAP = 0.05
+MAX_REFILLS = 2  # re-runs of a ramped cell whose ramp drew on all its prompts (measure)
 
 
 def write_json(path: Path, data: Any) -> None:
@@ -41,6 +42,20 @@ def write_json(path: Path, data: Any) -> None:
 
 def write_jsonl(path: Path, rows: list[dict]) -> None:
     atomic_write_text(path, "".join(json.dumps(r) + "\n" for r in rows))
+
+
+def ramp_short(res: CellResult, load: CellLoad, refills: int) -> tuple[bool, str] | None:
+    """Where a ramped cell's ramp drew on all its prompts (bakeoff.loadgen.runner.short_of_steady): whether to run
+    it again on a supply twice as large (``refills`` so far under ``MAX_REFILLS``), and the row's note. None where
+    the cell sent its ``steady_cap`` requests after the ramp."""
+    if not short_of_steady(res, load):
+        return None
+    after, n, supply = sum(not r.ramp for r in res.records), load.steady_cap, len(load.prompts) - (load.steady_cap or 0)
+    if refills >= MAX_REFILLS:
+        return False, (f"short of its steady span: {after} of {n} requests after the ramp, which drew all {supply} "
+                       f"prompts of its supply")
+    return True, (f"the ramp drew all {supply} prompts of its supply, leaving {after} of {n} requests after it: "
+                  f"run again on fresh prompts with twice the supply")
 
 
 def client_workers(job: ServeJob, load: LoadCfg, in_flight: int) -> int:
@@ -83,7 +98,10 @@ def measure(job: ServeJob, session: Session, base: dict, load: LoadCfg, tokenize
     # Probes of a concurrency search start as load.capacity.start says (a ramp: users, not one burst); fixed cells
     # as load.start (a burst: comparable with `vllm bench serve`). A ramp's requests are extra to the n measured.
     start = load.capacity.start if closed else load.start
-    ramp_n = ramp_extra(start, cell.concurrency, open_loop=open_loop, sessions=kind == "multiturn")
+    # The ramp draws what it needs on a supply of RAMP_SUPPLY prompts a slot, and n are sent after it; a ramp that
+    # drew on all of it (short_of_steady) is run again on a supply twice as large, at most MAX_REFILLS times.
+    supply, refills = RAMP_SUPPLY, 0
+    ramp_n = ramp_extra(start, cell.concurrency, open_loop=open_loop, sessions=kind == "multiturn", supply=supply)
     workers = client_workers(job, load, in_flight)
     shares_cores = client_shares_cores(job)
     pristine = copy.deepcopy(stop_when)  # an early stop counts what it saw: a re-run starts from none
@@ -91,14 +109,15 @@ def measure(job: ServeJob, session: Session, base: dict, load: LoadCfg, tokenize
     while True:
         work: workload.CellWork | None = None
         if kind == "fixed":
-            prompts = make_prompts(tokenizer, cell.prompt_len, n + ramp_n + n_warm, seed=seed + attempts,
+            prompts = make_prompts(tokenizer, cell.prompt_len, n + ramp_n + n_warm, seed=seed + attempts + 2 * refills,
                                    tag=f"{cell.name}-")
             warm, measured = prompts[:n_warm], prompts[n_warm:]
             requests: dict[str, Any] = {"prompts": measured}
         else:
-            warm = make_prompts(tokenizer, cell.prompt_len, n_warm, seed=seed + attempts, tag=f"{cell.name}-w")
+            warm = make_prompts(tokenizer, cell.prompt_len, n_warm, seed=seed + attempts + 2 * refills,
+                                tag=f"{cell.name}-w")
             work = workload.build(load, tokenizer, cell.name, cell.prompt_len, n + ramp_n, cell.concurrency,
-                                  seed + attempts, request_rate, closed)
+                                  seed + attempts + 2 * refills, request_rate, closed)
             requests = work.run_kwargs()
         # The server's memory: its process tree's RSS, or its container's (never the docker client's);
         # GPU memory comes from the window, on the server's own GPUs.
@@ -107,12 +126,22 @@ def measure(job: ServeJob, session: Session, base: dict, load: LoadCfg, tokenize
             cell_load = CellLoad(**requests, prompt_len=cell.prompt_len, output_len=load.output_len,
                                  concurrency=cell.concurrency, request_rate=request_rate, warmup_prompts=warm,
                                  warmup_concurrency=n_warm, temperature=load.temperature, seed=seed,
-                                 start=start, ramp_s=load.ramp_s)
+                                 start=start, ramp_s=load.ramp_s, steady=n if ramp_n else None)
             res = run_cell(engine.base_url, base["model"], cell_load,
                            api_key=engine.spec.engine.api_key, count_tokens=count_tokens,
                            label=f"{base['engine']}-{base['format']} {cell.name}", show_progress=job.show_progress,
                            on_measure_start=window.start, on_measure_end=window.stop, stop_when=stop_when,
                            workers=workers)
+        if (short := ramp_short(res, cell_load, refills)) and engine.alive():
+            again, note = short
+            notes = [*notes, note]
+            if again:
+                supply, refills = 2 * supply, refills + 1
+                ramp_n = ramp_extra(start, cell.concurrency, open_loop=open_loop, sessions=kind == "multiturn",
+                                    supply=supply)
+                stop_when = copy.deepcopy(pristine)
+                window = MeasuredWindow(engine, gpu=job.hardware.backend == "cuda")
+                continue
         more = min(2 * workers, in_flight)
         if not res.client["client_saturated"] or attempts or more <= workers or not engine.alive():
             break
