@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import io
 import os
+import re
 import subprocess
 import sys
 import tarfile
@@ -18,11 +19,16 @@ import pytest
 from test_node_vllm_parts import wheel
 
 from bakeoff.node import parts as node_parts
-from bakeoff.node.bundle import NODE_SH, PREPARE_RULES
+from bakeoff.node.bundle import NODE_SH, PREPARE_RULES, PREPARE_TARGET
+
+from conftest import ROOT
 
 SNAKEFILE = """
 rule node:
     input: "built.txt", "served.txt"
+
+rule node_prepare:
+    input: "built.txt"
 
 rule build_llamacpp:
     output: "built.txt"
@@ -42,9 +48,7 @@ def test_prepare_returns_at_once_and_the_run_waits_for_it(tmp_path: Path):
     bundle = tmp_path / "bundle"
     (bundle / "whl").mkdir(parents=True)
     wheel(bundle / "whl", "tiny-dep", "1.0")
-    stubs = "".join(f'\nrule {r}:\n    output: "{r}.stub"\n    log: "logs/{r}.log"\n    shell: "touch {{output}}"\n'
-                    for r in PREPARE_RULES if r != "build_llamacpp")  # --until names every one of them
-    data = (SNAKEFILE + stubs).encode()
+    data = SNAKEFILE.encode()
     with tarfile.open(bundle / "repo.tgz", "w:gz") as tar:
         ti = tarfile.TarInfo("Snakefile")
         ti.size = len(data)
@@ -71,4 +75,26 @@ def test_prepare_returns_at_once_and_the_run_waits_for_it(tmp_path: Path):
     log = (out / "snakemake.log").read_text()
     assert "snakemake rc=0" in log and "rule serve_load" in log and "rule build_llamacpp" not in log
     assert float((work / "served.txt").read_text()) > float((work / "built.txt").read_text())
-    assert "rule build_llamacpp" in (work / "prepare.log").read_text()
+    prepared = (work / "prepare.log").read_text()
+    assert "rule build_llamacpp" in prepared and f"rule {PREPARE_TARGET}:" in prepared  # the target, not --until
+
+
+@pytest.mark.parametrize("experiment, formats", [("h100_capacity_steady", {"fp16", "fp8-online"}),
+                                                 ("h100_seed_fp8_q4_p128", {"fp8-online", "f16", "q4_k_m"})])
+def test_the_prepare_target_makes_every_model_and_build_before_the_gpu(experiment: str, formats: set[str]) -> None:
+    """The prepare was `snakemake node --until <rules>`, under which Snakemake made the fetched source and then
+    stopped ("Out of jobs ready to be started"): on an H100 node (2026-12-07) the models were left to the run call,
+    and a call that needed them before it found none. The target plans them all, and nothing that needs the GPU."""
+    proc = subprocess.run([sys.executable, "-m", "snakemake", "-n", "--nolock", PREPARE_TARGET, "--config",
+                           f"experiment={experiment}", "hardware=h100"], cwd=ROOT, capture_output=True, text=True,
+                          timeout=300)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0 and "BUG" not in out, out[-3000:]
+    jobs = set(re.findall(r"^(?:local)?(?:rule|checkpoint) (\w+):", out, flags=re.M)) - {PREPARE_TARGET}
+    assert jobs and jobs <= set(PREPARE_RULES), jobs  # models and builds only: no doctor, no server
+    if "q4_k_m" in formats:  # the llama.cpp build is for the node's GPU: the doctor (a checkpoint) names it first
+        assert jobs == {"doctor"}
+        return
+    assert {"fetch_model", "fp8_online", "model_fp16"} <= jobs and "build_llamacpp" not in jobs  # vLLM only
+    made = set(re.findall(r"models/[^/\s]+/([^/\s]+)/manifest\.json", out))
+    assert formats <= made, made

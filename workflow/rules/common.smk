@@ -425,6 +425,20 @@ def kernel_files():
     return out
 
 
+def prepare_outputs():
+    """What a GPU node makes before its GPU is needed (node.sh --prepare, in the background): every format's model
+    and the toolchains its variants' servers (and scorers) build. Targets, not `--until` rules: Snakemake's --until
+    left a format made from the fetched source unscheduled ("Out of jobs ready to be started")."""
+    out = list(model_manifests())
+    for e, _ in CFG.variants():
+        engine = CFG.engines[e]
+        plugins = [engine.plugin] + ([engine.eval_server.plugin] if engine.eval_server is not None and CFG.eval.tasks else [])
+        for plugin in plugins:
+            if (tc := get_engine(plugin).toolchain) is not None and (path := TOOLCHAIN_INPUTS[tc]()) not in out:
+                out.append(path)
+    return out
+
+
 def node_outputs():
     """What the GPU node makes: the doctor's record, every variant's cells, the kernel benchmarks.
 

@@ -5,3 +5,9 @@
 rule node:
     input:
         node_outputs(),
+
+
+# What node.sh --prepare makes in the background while vLLM's parts arrive: the models and the builds.
+rule node_prepare:
+    input:
+        prepare_outputs(),

@@ -54,8 +54,12 @@ from bakeoff.models.manifest import read_manifest, verify, write_manifest
 from bakeoff.node import parts
 from bakeoff.node.correct import correct_unpacked
 
-# What node.sh --prepare runs in the background (snakemake --until): the rules that need only CPUs, and their inputs.
-PREPARE_RULES = ["fetch_model", "model_fp16", "fp8_online", "convert_gguf", "quantize_gguf", "build_llamacpp"]
+# What node.sh --prepare makes in the background: the workflow's `node_prepare` target (workflow/rules/node.smk), the
+# models and builds, which need only CPUs, and the doctor's record of the node, which a llama.cpp build reads for
+# the GPU's architecture; these are the rules that make them.
+PREPARE_TARGET = "node_prepare"
+PREPARE_RULES = ["doctor", "fetch_model", "model_fp16", "quantize_fp8", "dequant_fp8", "fp8_online", "convert_gguf",
+                 "quantize_gguf", "build_llamacpp", "build_llamacpp_python"]
 # Parts of the llama.cpp tree no target of bakeoff's builds reads (paths relative to llama.cpp/).
 TRIM = ["models/*", "docs/*", "benches/*", "tests/*", "examples/*", "media/*", "ci/*",
         "ggml/src/ggml-vulkan/*", "ggml/src/ggml-sycl/*", "ggml/src/ggml-cann/*", "ggml/src/ggml-musa/*",
@@ -125,11 +129,11 @@ export QUALITY_SITE_ENV="${QUALITY_SITE_ENV:-QUALITY_SITE_HERE}"
 printf '#!/bin/sh\nexec python3 -m bakeoff.cli "$@"\n' > "$SITE/bin/bakeoff" && chmod +x "$SITE/bin/bakeoff"
 cd "$W"
 if [ $PREPARE = 1 ]; then
-  setsid nohup timeout -k 30 "${BAKEOFF_PREPARE_TIMEOUT_S:-3000}" python3 -m snakemake node --cores all \
-    --scheduler greedy --rerun-incomplete --keep-going --config "$@" --until $PREPARE_RULES \
+  setsid nohup timeout -k 30 "${BAKEOFF_PREPARE_TIMEOUT_S:-3000}" python3 -m snakemake PREPARE_TARGET_HERE --cores all \
+    --scheduler greedy --rerun-incomplete --keep-going --config "$@" \
     > "$W/prepare.log" 2>&1 < /dev/null &
   echo $! > "$W/prepare.pid"
-  echo "node.sh: preparing in the background (pid $!): $PREPARE_RULES; log $W/prepare.log"
+  echo "node.sh: preparing in the background (pid $!): PREPARE_TARGET_HERE ($PREPARE_RULES); log $W/prepare.log"
   exit 0
 fi
 nvidia-smi > "$OUT/nvidia-smi.txt" 2>&1
@@ -140,8 +144,9 @@ echo "snakemake rc=$rc" >> "$OUT/snakemake.log"
 python3 -m bakeoff.cli node collect --out "$OUT/node-results.tgz" >> "$OUT/snakemake.log" 2>&1
 tail -n 40 "$OUT/snakemake.log"
 exit $rc
-""".replace("PREPARE_RULES_HERE", " ".join(PREPARE_RULES)).replace("QUALITY_SITE_ENV", QUALITY_SITE_ENV) \
-    .replace("QUALITY_SITE_HERE", NODE_QUALITY_SITE).replace("INSTALLED_MARK_HERE", parts.INSTALLED_MARK)
+""".replace("PREPARE_RULES_HERE", " ".join(PREPARE_RULES)).replace("PREPARE_TARGET_HERE", PREPARE_TARGET) \
+    .replace("QUALITY_SITE_ENV", QUALITY_SITE_ENV).replace("QUALITY_SITE_HERE", NODE_QUALITY_SITE) \
+    .replace("INSTALLED_MARK_HERE", parts.INSTALLED_MARK)
 
 
 def _git(repo: Path, *args: str) -> str:

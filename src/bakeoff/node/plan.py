@@ -17,7 +17,7 @@ made before the run says whether the run fits one node, and what to cut where it
 * **vLLM parts transfer calls** -- one call a part where vLLM is carried (docs/node-route-vllm.md), each under a
   minute, the last with the 31 s install (``PART_CALL_S``, ``INSTALL_S``; the same page); the part count is
   ``build/node-vllm/manifest.json``'s where it is packed here.
-* **background: models and the llama.cpp CUDA build** -- what ``--prepare`` starts (``bundle.PREPARE_RULES``):
+* **background: models and the llama.cpp CUDA build** -- what ``--prepare`` starts (``bundle.PREPARE_TARGET``):
   the model rules and the build, one after the other, from the records' benchmark files
   (``logs/bench/**.tsv`` in each ``node-results.tgz``). They run beside the part calls; the first run call
   waits for what is left of them (``wait``), inside its own 9 minutes.
