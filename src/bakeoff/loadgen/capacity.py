@@ -85,8 +85,8 @@ RATE_PROBES = 8  # the rate search's budget where none is configured
 RESOLUTION = 0.05  # the concurrency search's default: stop within 5 % of the highest pass (within_resolution)
 P99_SHARE = 0.01  # the share of requests a p99 bound allows over it
 # The fewest requests with which ``confident`` can pass: none over, 0.99^n <= 0.05 (299).
-TOO_FEW = "too few requests"  # a confident verdict's reason where the probe read too few to pass (judge)
 MIN_CONFIDENT_REQUESTS = math.ceil(math.log(1.0 - LEVEL) / math.log1p(-P99_SHARE))
+TOO_FEW = "too few requests"  # a confident verdict's reason where the probe read too few to pass (judge)
 
 
 @lru_cache(maxsize=4096)

@@ -107,6 +107,12 @@ def ramp_length(load: CellLoad, warm_e2el: Sequence[float]) -> float:
     return float(np.median(warm_e2el)) if len(warm_e2el) else 0.0
 
 
+def may_take(index: int, n: int, steady_taken: int, steady_cap: int | None, ramp: bool) -> bool:
+    """Whether the cell's counter hands out request ``index`` of ``n``: not past the prompts, and, for a request
+    after the ramp, not past ``steady_cap`` such requests (None: no cap)."""
+    return index < n and (ramp or steady_cap is None or steady_taken < steady_cap)
+
+
 class Control(Protocol):
     """What a worker shares with the cell: the request counter, the stop flag, the barriers, the results."""
 
@@ -133,7 +139,7 @@ class Local:
 
     def take(self, ramp: bool = False) -> int | None:
         cap = self.load.steady_cap if self.load is not None else None
-        if self.next_index >= self.n or (not ramp and cap is not None and self.steady_taken >= cap):
+        if not may_take(self.next_index, self.n, self.steady_taken, cap, ramp):
             return None
         self.steady_taken += not ramp
         self.next_index += 1
@@ -176,8 +182,7 @@ class Shared:
     def take(self, ramp: bool = False) -> int | None:
         with self.counter.get_lock():
             i = self.counter.value
-            if i >= self.n or (not ramp and self.steady_cap is not None
-                               and self.steady_taken.value >= self.steady_cap):
+            if not may_take(i, self.n, self.steady_taken.value, self.steady_cap, ramp):
                 return None
             self.counter.value = i + 1
             self.steady_taken.value += not ramp
