@@ -84,17 +84,19 @@ def test_prepare_returns_at_once_and_the_run_waits_for_it(tmp_path: Path):
 def test_the_prepare_target_makes_every_model_and_build_before_the_gpu(experiment: str, formats: set[str]) -> None:
     """The prepare was `snakemake node --until <rules>`, under which Snakemake made the fetched source and then
     stopped ("Out of jobs ready to be started"): on an H100 node (2026-12-07) the models were left to the run call,
-    and a call that needed them before it found none. The target plans them all, and nothing that needs the GPU."""
-    proc = subprocess.run([sys.executable, "-m", "snakemake", "-n", "--nolock", PREPARE_TARGET, "--config",
+    and a call that needed them before it found none. The target plans them all, and nothing that needs the GPU.
+    Planned from scratch (--forceall), as on a bare node, whatever this checkout has built already."""
+    proc = subprocess.run([sys.executable, "-m", "snakemake", "-n", "--nolock", "--forceall", PREPARE_TARGET, "--config",
                            f"experiment={experiment}", "hardware=h100"], cwd=ROOT, capture_output=True, text=True,
                           timeout=300)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0 and "BUG" not in out, out[-3000:]
     jobs = set(re.findall(r"^(?:local)?(?:rule|checkpoint) (\w+):", out, flags=re.M)) - {PREPARE_TARGET}
-    assert jobs and jobs <= set(PREPARE_RULES), jobs  # models and builds only: no doctor, no server
-    if "q4_k_m" in formats:  # the llama.cpp build is for the node's GPU: the doctor (a checkpoint) names it first
-        assert jobs == {"doctor"}
-        return
-    assert {"fetch_model", "fp8_online", "model_fp16"} <= jobs and "build_llamacpp" not in jobs  # vLLM only
+    assert jobs and jobs <= set(PREPARE_RULES), jobs  # models, builds and the doctor: no server, no load
+    assert {"fetch_model", "fp8_online", "model_fp16"} <= jobs
+    if "q4_k_m" in formats:  # the GGUF's tools are built here; the server's build waits for the doctor's GPU
+        assert {"doctor", "convert_gguf", "quantize_gguf"} <= jobs and out.count("rule build_llamacpp:") == 1
+    else:
+        assert not jobs & {"doctor", "build_llamacpp", "fetch_llamacpp"}  # vLLM only
     made = set(re.findall(r"models/[^/\s]+/([^/\s]+)/manifest\.json", out))
     assert formats <= made, made

@@ -56,9 +56,9 @@ from bakeoff.node.correct import correct_unpacked
 
 # What node.sh --prepare makes in the background: the workflow's `node_prepare` target (workflow/rules/node.smk), the
 # models and builds, which need only CPUs, and the doctor's record of the node, which a llama.cpp build reads for
-# the GPU's architecture; these are the rules that make them.
+# the GPU's architecture; these are the rules that make them (fetch_llamacpp only where no source was packed).
 PREPARE_TARGET = "node_prepare"
-PREPARE_RULES = ["doctor", "fetch_model", "model_fp16", "quantize_fp8", "dequant_fp8", "fp8_online", "convert_gguf",
+PREPARE_RULES = ["doctor", "fetch_llamacpp", "fetch_model", "model_fp16", "quantize_fp8", "dequant_fp8", "fp8_online", "convert_gguf",
                  "quantize_gguf", "build_llamacpp", "build_llamacpp_python"]
 # Parts of the llama.cpp tree no target of bakeoff's builds reads (paths relative to llama.cpp/).
 TRIM = ["models/*", "docs/*", "benches/*", "tests/*", "examples/*", "media/*", "ci/*",
