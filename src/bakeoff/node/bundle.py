@@ -58,8 +58,8 @@ from bakeoff.node.correct import correct_unpacked
 # models and builds, which need only CPUs, and the doctor's record of the node, which a llama.cpp build reads for
 # the GPU's architecture; these are the rules that make them (fetch_llamacpp only where no source was packed).
 PREPARE_TARGET = "node_prepare"
-PREPARE_RULES = ["doctor", "fetch_llamacpp", "fetch_model", "model_fp16", "quantize_fp8", "dequant_fp8", "fp8_online", "convert_gguf",
-                 "quantize_gguf", "build_llamacpp", "build_llamacpp_python"]
+PREPARE_RULES = ["doctor", "fetch_llamacpp", "fetch_model", "model_fp16", "quantize_fp8", "dequant_fp8", "fp8_online",
+                 "convert_gguf", "quantize_gguf", "build_llamacpp", "build_llamacpp_python"]
 # Parts of the llama.cpp tree no target of bakeoff's builds reads (paths relative to llama.cpp/).
 TRIM = ["models/*", "docs/*", "benches/*", "tests/*", "examples/*", "media/*", "ci/*",
         "ggml/src/ggml-vulkan/*", "ggml/src/ggml-sycl/*", "ggml/src/ggml-cann/*", "ggml/src/ggml-musa/*",
