@@ -151,9 +151,6 @@ def test_the_vllm_route_counts_its_part_calls_and_the_build_runs_in_the_backgrou
     assert blocks.terms()["wait"] > 0  # no part calls to hide the build behind: the first run call waits
 
 
-SMOLLM2_SHAPE = "+model.synthetic={n_layer:30,n_embd:576,n_ff:1536,n_head:9,n_head_kv:3,n_vocab:49152}"
-
-
 def _quality_packed(repo: Path, parts: int) -> Path:
     (repo / "build" / "node-quality").mkdir(parents=True)
     manifest = {"packed_utc": "test", "parts": [{"name": f"part-{k:02d}"} for k in range(1, parts + 1)]}
@@ -167,7 +164,7 @@ def test_the_quality_payload_goes_in_part_calls_before_the_prepare(records: list
     the last installing it. Parts before the prepare hide none of its background work: the wait does not depend on
     their count (mutant: the wait counted from the first call). A config needing none of it has none."""
     def quality(parts: int) -> Plan:
-        return make_plan(["experiment=h100_quality", "hardware=h100", SMOLLM2_SHAPE, "eval=none"], records=records,
+        return make_plan(["experiment=h100_quality", "hardware=h100", "eval=none"], records=records,
                          repo=_quality_packed(tmp_path / f"q{parts}", parts), conf_dir=ROOT / "conf")
     three, one = quality(3), quality(1)
     assert len(quality_needs(three.cfg)) == 2  # the weights and the fp8; eval=none scores nothing

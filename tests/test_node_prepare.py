@@ -100,3 +100,19 @@ def test_the_prepare_target_makes_every_model_and_build_before_the_gpu(experimen
         assert not jobs & {"doctor", "build_llamacpp", "fetch_llamacpp"}  # vLLM only
     made = set(re.findall(r"models/[^/\s]+/([^/\s]+)/manifest\.json", out))
     assert formats <= made, made
+
+
+@pytest.mark.parametrize("experiment, builds", [("h100_capacity_steady", False), ("h100_quality_vllm", False),
+                                                ("h100_seed_fp8_q4_p128", True)])
+def test_a_vllm_only_record_builds_no_llamacpp_anywhere(experiment: str, builds: bool) -> None:
+    """The whole DAG, not only the node's part: the pinned-versions record (rule versions, on the submit host after
+    the node's results come back) read the llama.cpp build of any configured llama.cpp engine, so a vLLM-only
+    record's host step would have built llama.cpp for the node's GPU on a host without one. It reads the build
+    only where a variant serves or scores with it (mutant: the old input, planned here for every record)."""
+    proc = subprocess.run([sys.executable, "-m", "snakemake", "-n", "--nolock", "--forceall", "--config",
+                           f"experiment={experiment}", "hardware=h100"], cwd=ROOT, capture_output=True, text=True,
+                          timeout=300)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0 and "rule versions:" in out, out[-3000:]
+    llamacpp = set(re.findall(r"^rule ((?:build|fetch)_llamacpp\w*):", out, flags=re.M))
+    assert bool(llamacpp) == builds, llamacpp

@@ -378,8 +378,8 @@ def versions_inputs(wildcards):
     """The pinned-versions record reads the toolchain and model manifests (and follows every new summary)."""
     inputs = {"config": POINTS_FILE, "summary": SUMMARY, "model_source": MODEL_SOURCE.format(model=MODEL_NAME),
               "hardware": HARDWARE}
-    if TOOLCHAIN_ID is not None:
-        inputs["toolchain"] = toolchain_manifest()
+    if TOOLCHAIN_ID is not None and toolchain_manifest() in variant_toolchains():
+        inputs["toolchain"] = toolchain_manifest()  # only a build the variants use: a vLLM-only node builds none
     return inputs
 
 
@@ -429,7 +429,12 @@ def prepare_outputs():
     """What a GPU node makes before its GPU is needed (node.sh --prepare, in the background): every format's model
     and the toolchains its variants' servers (and scorers) build. Targets, not `--until` rules: Snakemake's --until
     left a format made from the fetched source unscheduled ("Out of jobs ready to be started")."""
-    out = list(model_manifests())
+    return [*model_manifests(), *variant_toolchains()]
+
+
+def variant_toolchains():
+    """The toolchains the variants' servers (and, where quality is scored, their scorers) build."""
+    out = []
     for e, _ in CFG.variants():
         engine = CFG.engines[e]
         plugins = [engine.plugin] + ([engine.eval_server.plugin] if engine.eval_server is not None and CFG.eval.tasks else [])

@@ -12,6 +12,7 @@ import json
 import math
 import struct
 from pathlib import Path
+from typing import Any
 
 GIB = 1 << 30  # GPU memory is stated in GiB everywhere (hardware.gpu_memory_gib, NVML's MiB / 1024)
 
@@ -64,7 +65,11 @@ def gguf_kv_bytes_per_token(path: Path, cache_bytes: int = 2) -> int | None:
     layers x KV heads x (key + value head size). None where the file does not state its attention shape."""
     from gguf import GGUFReader
 
-    reader = GGUFReader(path)
+    return reader_kv_bytes_per_token(GGUFReader(path), cache_bytes)
+
+
+def reader_kv_bytes_per_token(reader: Any, cache_bytes: int = 2) -> int | None:
+    """gguf_kv_bytes_per_token of an open ``gguf.GGUFReader`` (reading a GGUF's fields takes seconds: read once)."""
 
     def field(key: str) -> int | None:
         f = reader.fields.get(key)

@@ -42,7 +42,8 @@ made before the run says whether the run fits one node, and what to cut where it
   A search interrupted by a call's limit starts over in the next call (only a finished search is kept).
 * **quality** -- ``quality.json``'s ``eval_s`` from the records of the same GPU; no record has one yet, so
   where the config scores quality the plan counts bakeoff.composition.walltime's bound (30 minutes a
-  variant) and says so. Synthetic weights are never scored (0).
+  variant), says so, and states the longest each evaluation may take for the plan to fit
+  (``quality_allowance``): what the first measurement has to show. Synthetic weights are never scored (0).
 * **checks** -- ``gpu_check``, ``kernel_bench``, ``ecc_recheck`` and the ``node`` target, from the call logs.
 * **lost at call limits** -- a run call gives Snakemake 9 minutes (``BAKEOFF_NODE_TIMEOUT_S``, 540 s); a job
   running at the limit is stopped, and what it had not finished is lost (a cell in progress, a build).
@@ -56,7 +57,8 @@ benchmark files), those of the same GPU model first; every rate says where it ca
 roofline's time on the planned GPU plus what the measured TPOT spent beyond its own roofline, per concurrency
 and prompt length: the same variant on the same GPU model (where the two terms are the measured TPOT again),
 else the same variant on another GPU, else another format of the same engine; with no record at all, the
-roofline alone, a lower bound. The roofline of one decode step at c is the weights' bytes over the bandwidth
+roofline alone, a lower bound (the model's parameters and KV bytes a token from its files where its config
+states no shape: bakeoff.models.facts). The roofline of one decode step at c is the weights' bytes over the bandwidth
 (bakeoff.results.roofline.decode_ceiling, the hardware config's ``mem_bandwidth_gbs``) plus the KV cache the c
 sequences read (at the prompt plus half the output), and at least c tokens' FLOPs at the peak. Why the sum and
 not a ratio: llama.cpp's step is mostly not weight reading (0.28 of the roofline for q4_k_m), and its TPOT is
@@ -84,7 +86,7 @@ import math
 import re
 import shlex
 from collections import defaultdict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -106,6 +108,9 @@ CALL_S = 540  # Snakemake's time in one run call: node.sh's BAKEOFF_NODE_TIMEOUT
 
 
 NODE_S = 25 * 60  # what a plan must fit: a node is held for at most 30 minutes; 5 are left for what goes wrong
+
+
+ALLOWANCE_STEP_S = 5.0  # the resolution of an unmeasured evaluation's allowance (quality_allowance)
 
 
 PREPARE_CALL_S = 90  # the node's start and the --prepare call: 1 to 2 minutes (docs/development.md, H100)
@@ -485,6 +490,9 @@ class Plan:
     unfit: list[str]
     parts: tuple[int, str] | None
     quality_parts: tuple[int, str] | None = None
+    # Where no record measured an evaluation on this GPU: (evaluations, the plan's seconds without them, the seconds
+    # each may take for the whole to fit, quality_allowance), so a plan says what the first measurement has to show.
+    unmeasured_quality: tuple[int, float, float] | None = None
 
     @property
     def total_s(self) -> float:
@@ -552,7 +560,32 @@ def make_plan(overrides: Sequence[str], *, runs: Path | None = None, exclude: It
         records = load_records(runs or repo / "runs", exclude)
     else:
         records = [r for r in records if r.name not in set(exclude)]
-    rates = Rates(cfg, records)
+    plan = _assemble(overrides, cfg, Rates(cfg, records, repo), repo, parts, quality)
+    evaluations = [i for j in plan.jobs for i in j.items if i.term == "quality"]
+    if evaluations and not plan.rates.quality_measured:
+        def with_quality(seconds: float) -> Plan:
+            return _assemble(overrides, cfg, Rates(cfg, records, repo, quality_s=seconds), repo, parts, quality)
+        plan.unmeasured_quality = (len(evaluations), with_quality(0.0).total_s, quality_allowance(with_quality))
+    return plan
+
+
+def quality_allowance(with_quality: Callable[[float], Plan]) -> float:
+    """The longest evaluation (to ``ALLOWANCE_STEP_S``) with which the plan still fits, where no record measured
+    one: what the first measurement has to show. A bisection over 0 to a call's Snakemake seconds, since a longer
+    evaluation fits no call; an evaluation cut at a call's limit loses its time and restarts its server, so the
+    answer is less than the minutes left over their number. 0 where the rest does not fit alone."""
+    if not with_quality(0.0).fits:
+        return 0.0
+    lo, hi = 0.0, float(CALL_S)
+    while hi - lo > ALLOWANCE_STEP_S:
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if with_quality(mid).fits else (lo, mid)
+    return lo
+
+
+def _assemble(overrides: Sequence[str], cfg: Config, rates: Rates, repo: Path, parts: tuple[int, str] | None,
+              quality: tuple[int, str] | None) -> Plan:
+    """The jobs packed into calls, after the part and prepare calls (make_plan)."""
     background = background_jobs(rates)
     serving, searches = serve_jobs(rates)
     jobs = [*check_jobs(rates, "first"), *serving, *check_jobs(rates, "last")]
@@ -611,6 +644,12 @@ def render(plan: Plan) -> str:
                    f"(fits: {'yes' if worst <= NODE_S and not plan.unfit else 'no'})")
     for u in plan.unfit:
         out.append(f"Does not fit: {u}")
+    if plan.unmeasured_quality:
+        n, bare, each = plan.unmeasured_quality
+        out.append(f"Quality: no record measured an evaluation on this GPU, so each of the {n} counts "
+                   f"{minutes(rates.quality().value)} min (the bound). Without them: {minutes(bare)} min; they fit "
+                   + (f"{NODE_S // 60} minutes if each takes at most {minutes(each)} min" if each > 0
+                      else "no node: the rest does not fit alone"))
     out += ["", f"Calls (a run call gives Snakemake at most {CALL_S // 60} minutes)"]
     for c in plan.calls:
         inner = f" (Snakemake {minutes(c.snakemake_s + c.lost_s)})" if c.snakemake_s or c.lost_s else ""

@@ -8,9 +8,12 @@ import re
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 from bakeoff.composition.walltime import QUALITY_MIN
 from bakeoff.config.schema import Config
+from bakeoff.layout import MODEL_SOURCE
+from bakeoff.models.facts import ModelFacts, model_facts
 from bakeoff.models.weights import GIB
 from bakeoff.node.observed import Obs, PlanError, Record
 from bakeoff.results.roofline import decode_ceiling
@@ -27,7 +30,7 @@ DEFAULT_JOB_S = 30.0  # a model rule no record ran: an assumption, said so
 FAIL_SHARE = 1.0  # where no record has a failing probe: a failing probe runs all its requests
 
 
-# Bits a weight by format, for a model no record served (its n_params from its shape).
+# Bits a weight by format, for a model no record served (its n_params from bakeoff.models.facts).
 BITS = {"F16": 16.0, "BF16": 16.0, "Q8_0": 8.5, "Q4_K_M": 4.84, "Q4_0": 4.5, "fp16": 16.0, "fp8": 8.3,
         "fp8_online": 8.3, "fp8_dequant": 16.0}
 
@@ -64,13 +67,17 @@ class Rates:
 
     cfg: Config
     records: list[Record]
+    repo: Path = Path(".")  # where models/<model>/source/ is looked for (bakeoff.models.facts)
+    quality_s: float | None = None  # an evaluation's seconds, set: the plan without quality (make_plan)
 
     def __post_init__(self) -> None:
         self.gpu = self.cfg.hardware.gpu_model or ""
         self.bandwidth = float(self.cfg.hardware.mem_bandwidth_gbs or 0.0)
         self.model = self.cfg.model.name
-        self.kv_bytes = kv_bytes_per_token(self.cfg)
-        self.n_params = self._n_params()
+        models_dir = self.repo / Path(MODEL_SOURCE).parts[0]
+        self.facts: ModelFacts | None = model_facts(self.cfg.model, models_dir)
+        self.kv_bytes = self.facts.kv_bytes_per_token if self.facts else None
+        self.n_params = self.facts.n_params if self.facts else None
         self.obs = [o for r in self.records for o in r.obs if o.model == self.model]
 
     def same(self, gpu: str) -> bool:
@@ -80,15 +87,6 @@ class Rates:
         return ", ".join(sorted(set(recs)))
 
     # ----- weights
-    def _n_params(self) -> float | None:
-        """The model's parameters from its shape (embeddings, attention, MLP); None where it states none."""
-        shape = self.cfg.model.synthetic
-        if shape is not None:
-            kv_dim = shape.n_embd // shape.n_head * shape.n_head_kv
-            layer = 2 * shape.n_embd * shape.n_embd + 2 * shape.n_embd * kv_dim + 3 * shape.n_embd * shape.n_ff
-            return float(2 * shape.n_vocab * shape.n_embd + shape.n_layer * layer)
-        return None
-
     def weight_bytes(self, fmt: str) -> Rate | None:
         """The format's weight bytes: as the records served it, else the model's parameters at its bits a weight."""
         served = [float(o.weight_bytes) for o in self.obs if o.fmt == fmt and o.weight_bytes]
@@ -97,7 +95,9 @@ class Rates:
         q = self.cfg.formats.get(fmt)
         bits = BITS.get(str(q.gguf_type).upper() if q and q.gguf_type else "") or (BITS.get(q.method) if q else None)
         if self.n_params and bits:
-            return Rate(self.n_params * bits / 8.0, f"{bits:g} bits a weight")
+            assert self.facts is not None
+            return Rate(self.n_params * bits / 8.0, f"{bits:g} bits a weight x {self.n_params:,.0f} parameters "
+                                                    f"({self.facts.source})")
         return None
 
     # ----- the roofline
@@ -171,8 +171,13 @@ class Rates:
         if tpot:
             roof_here = self.roof_tpot_ms(self.bandwidth, weight.value if weight else None, c, prompt)
             if roof_here is None:
+                why = ("the hardware config states no mem_bandwidth_gbs" if not self.bandwidth else
+                       f"the format's weight bytes are unknown: {self.cfg.model.name} states no shape and has no "
+                       f"fetched source here (make it first: snakemake "
+                       f"{MODEL_SOURCE.format(model=self.cfg.model.name)})" if self.facts is None else
+                       f"no bits a weight are known for format {fmt!r}")
                 raise PlanError(f"no rate for {engine}-{fmt} at prompt {prompt}: no record measured it, and the "
-                                f"roofline needs the hardware's mem_bandwidth_gbs and the format's weight bytes")
+                                f"roofline cannot be drawn: {why}")
             return Rate(roof_here, "roofline alone (a lower bound)")
         return Rate(self.roof_ttft_ms(c, prompt), "roofline prefill alone (a lower bound)")
 
@@ -250,16 +255,14 @@ class Rates:
             return Rate((hw.gpu_memory_gib * GIB * max(1, hw.gpus) * util - weight) / self.kv_bytes, "GPU memory")
         return None
 
+    @property
+    def quality_measured(self) -> bool:
+        return any(r.quality_s for r in self.records if self.same(r.gpu))
+
     def quality(self) -> Rate:
+        if self.quality_s is not None:
+            return Rate(self.quality_s, "set by the caller")
         got = [(r.name, s) for r in self.records if self.same(r.gpu) for s in r.quality_s]
         if got:
             return Rate(_mean([s for _, s in got]), f"quality.json eval_s, records {self.names(n for n, _ in got)}")
         return Rate(QUALITY_MIN * 60.0, "no record scored quality on this GPU: bakeoff.composition.walltime's bound")
-
-
-def kv_bytes_per_token(cfg: Config) -> float | None:
-    """KV cache bytes one token takes (f16 keys and values) from the model's shape; None where it has none."""
-    s = cfg.model.synthetic
-    if s is None:
-        return None
-    return float(s.n_layer * s.n_head_kv * (s.n_embd // s.n_head) * 2 * 2)

@@ -17,7 +17,6 @@ Two sources:
 
 from __future__ import annotations
 
-import importlib.metadata
 import os
 import shutil
 from pathlib import Path
@@ -26,6 +25,7 @@ from bakeoff.config.schema import ModelCfg
 from bakeoff.config.stageargs import StageArgs
 from bakeoff.errors import ModelSourceError
 from bakeoff.models.artifacts import staged_dir
+from bakeoff.models.facts import locate_embedded
 from bakeoff.models.manifest import sha256_file, write_manifest
 
 
@@ -36,25 +36,6 @@ def _link_or_copy(src: Path, dst: Path) -> None:
         os.link(src, dst)
     except OSError:
         shutil.copy2(src, dst)
-
-
-def locate_embedded(model: ModelCfg) -> Path:
-    """Path of the embedded GGUF inside its installed package."""
-    emb = model.embedded
-    assert emb is not None
-    try:
-        dist = importlib.metadata.distribution(emb.package)
-    except importlib.metadata.PackageNotFoundError:
-        raise ModelSourceError(
-            f"model {model.name!r} is embedded in PyPI package {emb.package}=={emb.version}, which is not installed "
-            f"(run `make setup`)"
-        ) from None
-    if dist.version != emb.version:
-        raise ModelSourceError(f"model {model.name!r} needs {emb.package}=={emb.version}, found {dist.version}")
-    path = Path(str(dist.locate_file(emb.file)))
-    if not path.is_file():
-        raise ModelSourceError(f"{emb.package}=={emb.version} has no file {emb.file}")
-    return path
 
 
 def fetch_embedded(model: ModelCfg, stage: Path) -> dict:
