@@ -69,7 +69,11 @@ Between measured concurrencies rates are interpolated linearly, beyond them extr
 **What it cannot know.** A probe's verdict is predicted from the records' p99s, all measured with a burst start:
 a ramped start has lower TTFTs, so under a ramp the predicted capacity (and with it where the probes fall) may
 be low. A search's probe count is the one its own code takes against those predictions; the budget line bounds
-it. The prepare and part calls' minutes are docs/development.md's, not any record's. Nodes differ: the records'
+it. The prepare and part calls' minutes are docs/development.md's, not any record's, and they vary: on
+2026-12-07 the part calls took 5 to 11 s of lease each on two H100 nodes, not a minute. Rated so, a vLLM-only plan
+is about 3 minutes shorter, but one that builds llama.cpp is not: the parts no longer hide the build, the first run
+call waits for it, and the re-planned ``h100-seed-2026-12-06`` (whose parts took the minute) misses its logs by a
+third. So PART_CALL_S stays, for the wait it stands in for. Nodes differ: the records'
 first vLLM start took 97 to 146 s on three H100s.
 
 **Checked against the records** (``check_record``, ``record_section``): a record's config is re-planned from its
