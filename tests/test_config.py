@@ -159,3 +159,16 @@ def test_a_ramp_of_automatic_length_needs_a_warm_up() -> None:
     assert load_config(["load.start=ramp", "load.warmup_requests=0", "+load.warmup_per_slot=0",
                         "load.ramp_s=2.5"]).load.ramp_s == 2.5
     assert load_config([]).load.capacity.start == "ramp" and load_config([]).load.start == "burst"
+
+
+def test_an_engine_given_no_formats_serves_nothing_and_none_at_all_is_refused() -> None:
+    """A record split by engine empties its parent's other engine (h100_quality_llamacpp: ``vllm: []``): that engine
+    drops out of the variants, so no run check asks for vLLM on a node that carries none (mutant: kept, and
+    ``run_problems`` would name it). With every engine emptied there is nothing to measure: refused, by name."""
+    from bakeoff.composition.compose import run_problems
+
+    cfg = load_config(["experiment=h100_quality_llamacpp"], CONF)
+    assert cfg.experiment.variants == {"llamacpp": ["f16", "q8_0", "q4_k_m"]}
+    assert "vllm" in cfg.engines and not any(p.startswith("engines.vllm") for p in run_problems(cfg))
+    with pytest.raises(ConfigError, match="experiment.variants names no format for any engine"):
+        load_config(["experiment=h100_quality_llamacpp", "experiment.variants.llamacpp=[]"], CONF)

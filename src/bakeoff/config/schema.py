@@ -15,7 +15,7 @@ import ipaddress
 import re
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, PositiveFloat, PositiveInt, model_validator
+from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, PositiveFloat, PositiveInt, field_validator, model_validator
 
 from bakeoff.config.slo import SLO_PRESETS
 from bakeoff.models.synthetic import Shape
@@ -453,6 +453,16 @@ class ExperimentCfg(_Strict):
     name: str = Field(pattern=SLUG)
     description: str = ""
     variants: dict[str, list[str]] = Field(min_length=1)
+
+    @field_validator("variants")
+    @classmethod
+    def _engines_that_serve(cls, v: dict[str, list[str]]) -> dict[str, list[str]]:
+        """An engine given no formats serves nothing here (a record split by engine empties its parent's other
+        engine, h100_quality_vllm): dropped, so no step asks it for a server, a build or a run check."""
+        kept = {engine: fmts for engine, fmts in v.items() if fmts}
+        if not kept:
+            raise ValueError("experiment.variants names no format for any engine")
+        return kept
 
 
 class Config(_Strict):
