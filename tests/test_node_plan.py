@@ -204,3 +204,14 @@ def test_a_missing_rate_says_so() -> None:
     rate = plan.rates.metric("median_tpot_ms", "llamacpp", "llamacpp", "q4_k_m", 128, 8)
     assert rate.source == "roofline alone (a lower bound)"
     assert "no record" in plan.rates.start("llamacpp", True).source
+
+
+def test_a_scored_llamacpp_variant_builds_its_scorer_binding_in_the_background(records: list[Record]) -> None:
+    """llama.cpp's variants are scored on llama-cpp-python over the node's own libllama (build_llamacpp_python, a
+    prepare rule): the plan counts its build beside the CUDA build, and not where nothing is scored."""
+    scored = make_plan(["experiment=h100_quality_llamacpp", "hardware=h100"], records=records)
+    plain = make_plan(["experiment=h100_quality_llamacpp", "hardware=h100", "eval=none"], records=records)
+    vllm = make_plan(["experiment=h100_quality_vllm", "hardware=h100"], records=records)
+    assert [j.rule for j in scored.background].count("build_llamacpp_python") == 1
+    assert not any(j.rule == "build_llamacpp_python" for j in [*plain.background, *vllm.background])
+    assert scored.background_s > plain.background_s

@@ -100,9 +100,12 @@ def _obs(name: str, gpu: str, bw: float | None, rec: Mapping[str, Any]) -> Obs |
 
 
 def _bench_key(path: str) -> tuple[str, ...] | None:
-    """A benchmark file's job: the llama.cpp build, or a model's format (``source``: the model itself)."""
+    """A benchmark file's job: the llama.cpp build, its scorer binding, or a model's format (``source``: the model
+    itself)."""
     if re.search(r"logs/bench/build/llamacpp/[^/]+\.tsv$", path):
         return ("build",)
+    if re.search(r"logs/bench/build/llamacpp-python/[^/]+\.tsv$", path):
+        return ("binding",)
     if m := re.search(r"logs/bench/models/([^/]+)/([^/]+)\.tsv$", path):
         return ("model", m.group(1), m.group(2))
     return None

@@ -336,7 +336,8 @@ def _llamacpp_formats(cfg: Config) -> list[str]:
 
 
 def background_jobs(rates: Rates) -> list[Job]:
-    """What ``node.sh --prepare`` runs in the background: the model rules and the llama.cpp build."""
+    """What ``node.sh --prepare`` runs in the background: the model rules, the llama.cpp build and, where
+    llama.cpp's variants are scored, its scorer binding (bundle.PREPARE_RULES)."""
     cfg = rates.cfg
     out = []
     src = rates.job(("model", cfg.model.name, "source"))
@@ -348,7 +349,19 @@ def background_jobs(rates: Rates) -> list[Job]:
     if cfg.toolchain is not None and _llamacpp_formats(cfg):
         b = rates.job(("build",), DEFAULT_BUILD_S)
         out.append(Job("build_llamacpp", "llama.cpp CUDA build", [Item("build", "build_llamacpp", b.value, b.source)]))
+    if _scored_by_binding(cfg):
+        b = rates.job(("binding",))
+        out.append(Job("build_llamacpp_python", "llama.cpp's scorer binding",
+                       [Item("build", "build_llamacpp_python", b.value, b.source)]))
     return out
+
+
+def _scored_by_binding(cfg: Config) -> bool:
+    """Whether a variant's quality is scored on an eval server that builds the llama.cpp binding."""
+    if not cfg.eval.tasks or cfg.model.source == "synthetic":
+        return False
+    servers = [cfg.engines[e].eval_server for e, _ in cfg.variants() if cfg.engines[e].eval_server is not None]
+    return any(get_engine(s.plugin).toolchain == "llamacpp-python" for s in servers if s is not None)
 
 
 def check_jobs(rates: Rates, where: str) -> list[Job]:

@@ -220,7 +220,7 @@ class Rates:
     def _job_times(r: Record, key: tuple[str, ...]) -> list[float]:
         if key in r.bench:
             return [r.bench[key]]
-        if key[0] in ("build", "model"):
+        if key[0] in ("build", "binding", "model"):
             return []
         rule, fmt = key[0], key[1] if len(key) > 1 else None
         return [(j.ended - j.started).total_seconds() for c in r.calls for j in c.jobs
