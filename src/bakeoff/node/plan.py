@@ -360,8 +360,8 @@ def _scored_by_binding(cfg: Config) -> bool:
     """Whether a variant's quality is scored on an eval server that builds the llama.cpp binding."""
     if not cfg.eval.tasks or cfg.model.source == "synthetic":
         return False
-    servers = [cfg.engines[e].eval_server for e, _ in cfg.variants() if cfg.engines[e].eval_server is not None]
-    return any(get_engine(s.plugin).toolchain == "llamacpp-python" for s in servers if s is not None)
+    servers = [server for e, _ in cfg.variants() if (server := cfg.engines[e].eval_server) is not None]
+    return any(get_engine(s.plugin).toolchain == "llamacpp-python" for s in servers)
 
 
 def check_jobs(rates: Rates, where: str) -> list[Job]:
