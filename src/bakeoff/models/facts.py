@@ -8,8 +8,8 @@ and those are read rather than copied into the config, so the two cannot disagre
 * ``embedded`` -- the GGUF inside its installed package (the metadata and tensor table only: gguf-py maps the file).
 * ``hub`` -- the fetched source under ``models/<model>/source/``: its GGUF, else its ``config.json`` and safetensors.
 
-The parameters are the files' own count where there are files (an embedding shared by input and output counted once); the KV cache is
-f16 keys and values over every layer's KV heads, as vLLM and llama.cpp keep it by default.
+The parameters are the files' own count where there are files (an embedding shared by input and output counted
+once); the KV cache is f16 keys and values over every layer's KV heads, as vLLM and llama.cpp keep it by default.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from typing import Protocol
 
 from bakeoff.errors import ModelSourceError
 from bakeoff.models.synthetic import Shape
-from bakeoff.models.weights import reader_kv_bytes_per_token, safetensors_stats
+from bakeoff.models.weights import reader_kv_bytes_per_token, reader_stats, safetensors_stats
 
 KV_CACHE_BYTES = 2  # f16 keys and values
 
@@ -83,7 +83,7 @@ def _from_gguf(path: Path, where: str) -> ModelFacts:
 
     reader = GGUFReader(path)
     kv = reader_kv_bytes_per_token(reader, KV_CACHE_BYTES)
-    return ModelFacts(float(sum(int(t.n_elements) for t in reader.tensors)), float(kv) if kv else None, where)
+    return ModelFacts(float(reader_stats(reader)["n_params"]), float(kv) if kv else None, where)
 
 
 def _from_hf(folder: Path, where: str) -> ModelFacts | None:
@@ -104,9 +104,9 @@ def model_facts(model: ModelSpec, models_dir: Path) -> ModelFacts | None:
         s = model.synthetic
         kv = s.n_layer * s.n_head_kv * (s.n_embd // s.n_head) * 2 * KV_CACHE_BYTES
         return ModelFacts(float(s.n_params()), float(kv), "the config's synthetic shape")
-    if model.source == "embedded":
+    if model.source == "embedded" and (emb := model.embedded) is not None:
         path = locate_embedded(model)
-        return _from_gguf(path, f"{path.name} in {model.embedded.package}=={model.embedded.version}")  # type: ignore[union-attr]
+        return _from_gguf(path, f"{path.name} in {emb.package}=={emb.version}")
     source = models_dir / model.name / "source"
     if ggufs := sorted(source.glob("*.gguf")):
         return _from_gguf(ggufs[0], str(ggufs[0]))

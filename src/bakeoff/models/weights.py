@@ -46,7 +46,11 @@ def safetensors_stats(model_dir: Path) -> dict[str, float | int]:
 def gguf_stats(path: Path) -> dict[str, float | int]:
     from gguf import GGUFReader
 
-    reader = GGUFReader(path)
+    return reader_stats(GGUFReader(path))
+
+
+def reader_stats(reader: Any) -> dict[str, float | int]:
+    """gguf_stats of an open ``gguf.GGUFReader`` (reading a GGUF's fields takes seconds: read once)."""
     n_params = sum(int(t.n_elements) for t in reader.tensors)
     nbytes = sum(int(t.n_bytes) for t in reader.tensors)
     return _finish(n_params, nbytes)
