@@ -39,7 +39,7 @@ from conftest import ROOT
 
 RUNS = ROOT / "runs"
 REPLANNED = ["h100-seed-2026-12-06", "h100-seed-p1024-2026-12-06", "h100-capacity-2026-12-06",
-             "h200-llamacpp-blocks-2026-12-04"]
+             "h100-capacity-steady-2026-12-07", "h200-llamacpp-blocks-2026-12-04"]
 TOLERANCE = 0.25
 
 
@@ -90,13 +90,13 @@ def test_a_record_run_to_its_end_is_planned_whole_within_30_percent(checks: dict
 
 
 def test_the_rates_say_where_they_came_from(checks: dict[str, RecordCheck]) -> None:
-    """Leave-one-out, the prompt-128 record has no other H100 record of vLLM fp16: its TPOT is the roofline plus
-    vLLM fp8-online's time beyond its own roofline on the H100; llama.cpp's comes from the H200's records."""
+    """Leave-one-out, the prompt-128 record's vLLM fp16 is rated from the other H100 record of that variant (the
+    steady capacity record's cells and probes, c=32 to 256); llama.cpp's comes from the H200's records."""
     plan = checks["h100-seed-2026-12-06"].plan
     text = render(plan)
     assert "vllm-fp16 p128:" in text
     fp16 = plan.rates.metric("median_tpot_ms", "vllm", "vllm", "fp16", 128, 8)
-    assert "vllm-fp8-online" in fp16.source and "H100" in fp16.source
+    assert "h100-capacity-steady-2026-12-07" in fp16.source and "this variant" in fp16.source
     q4 = plan.rates.metric("median_tpot_ms", "llamacpp", "llamacpp", "q4_k_m", 128, 8)
     assert "H200" in q4.source
     # the measured value there was 9.37 / 8.89 ms (blocks 0 / 1): the transferred rate is within 15 %

@@ -71,6 +71,10 @@ COLLECT = ["results/hardware.json", "results/hardware-after.json", "results/gpu-
 # Checkout files the node never reads: the committed records of earlier node runs. Carried, they would count
 # twice against the 64 MiB a call takes (once in the working tree, once in the bundle).
 NOT_PACKED = ["runs/*"]
+# A device call brings back files of at most 16 MiB each (64 MiB, 8 files together): node.sh splits a larger
+# results tarball into parts of this size, and `whole` joins them here.
+RETURN_PART_BYTES = 15 * 2**20
+PART_SUFFIX = ".part"
 OLD_MTIME = 946684800  # 2000-01-01: the carried source tree predates everything the node builds from it
 
 NODE_SH = r"""#!/bin/bash
@@ -142,11 +146,18 @@ timeout -k 30 "$(left)" python3 -m snakemake --cores all --scheduler greedy --re
 rc=$?
 echo "snakemake rc=$rc" >> "$OUT/snakemake.log"
 python3 -m bakeoff.cli node collect --out "$OUT/node-results.tgz" >> "$OUT/snakemake.log" 2>&1
+if [ "$(stat -c %s "$OUT/node-results.tgz")" -gt RETURN_PART_BYTES_HERE ]; then
+  split -b RETURN_PART_BYTES_HERE -d -a 1 "$OUT/node-results.tgz" "$OUT/node-results.tgzPART_SUFFIX_HERE" \
+    && rm "$OUT/node-results.tgz" \
+    && echo "node.sh: node-results.tgz came to more than one returned file can hold: in parts" \
+      "$(cd "$OUT" && echo node-results.tgzPART_SUFFIX_HERE*) (bakeoff node unpack/record join them)" >> "$OUT/snakemake.log"
+fi
 tail -n 40 "$OUT/snakemake.log"
 exit $rc
 """.replace("PREPARE_RULES_HERE", " ".join(PREPARE_RULES)).replace("PREPARE_TARGET_HERE", PREPARE_TARGET) \
     .replace("QUALITY_SITE_ENV", QUALITY_SITE_ENV).replace("QUALITY_SITE_HERE", NODE_QUALITY_SITE) \
-    .replace("INSTALLED_MARK_HERE", parts.INSTALLED_MARK)
+    .replace("INSTALLED_MARK_HERE", parts.INSTALLED_MARK).replace("RETURN_PART_BYTES_HERE", str(RETURN_PART_BYTES)) \
+    .replace("PART_SUFFIX_HERE", PART_SUFFIX)
 
 
 def _git(repo: Path, *args: str) -> str:
@@ -266,6 +277,26 @@ def collect(root: Path, out: Path) -> list[str]:
                 tar.add(p, arcname=rel)
                 names.append(rel)
     return names
+
+
+def whole(tarball: Path) -> Path:
+    """``tarball`` itself, or, where only its parts came back (``<name>.part0``, ``.part1``, … from node.sh),
+    the parts joined into it (written whole, then renamed): the path to read."""
+    if tarball.is_file():
+        return tarball
+    stem = tarball.name + PART_SUFFIX
+    numbered = {int(p.name[len(stem):]): p for p in tarball.parent.glob(stem + "*") if p.name[len(stem):].isdigit()}
+    pieces = [numbered[k] for k in sorted(numbered)]
+    if pieces and sorted(numbered) != list(range(len(pieces))):
+        raise BakeoffError(f"{tarball}: parts {sorted(numbered)} came back, not 0 to {len(pieces) - 1}: one is missing")
+    if not pieces:
+        raise BakeoffError(f"{tarball}: no such file, and no parts of it ({tarball.name}{PART_SUFFIX}0, ...)")
+    tmp = tarball.with_name(tarball.name + ".joining")
+    with open(tmp, "wb") as out:
+        for piece in pieces:
+            out.write(piece.read_bytes())
+    tmp.replace(tarball)
+    return tarball
 
 
 def unpack(tarball: Path, root: Path, *, correct: bool = True) -> list[str]:

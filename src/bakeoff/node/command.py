@@ -94,7 +94,7 @@ def run_command(a: argparse.Namespace) -> None:
     elif a.action == "record":
         if not a.out:
             raise BakeoffError("node record needs --out (the run record's folder)")
-        paths = record(Path(a.tarball), Path(a.out))
+        paths = record(bundle.whole(Path(a.tarball)), Path(a.out))
         print("\n".join(str(p) for p in paths.values()))
     elif a.action == "collect":
         if not a.out:
@@ -102,7 +102,7 @@ def run_command(a: argparse.Namespace) -> None:
         names = bundle.collect(Path(a.repo), Path(a.out))
         print(f"{len(names)} node results in {a.out}")
     else:
-        names = bundle.unpack(Path(a.tarball), Path(a.repo), correct=False)
+        names = bundle.unpack(bundle.whole(Path(a.tarball)), Path(a.repo), correct=False)
         print(f"{len(names)} node results unpacked under {a.repo}")
         if fix := correct_unpacked(Path(a.repo)):
             print(f"the run's hardware config ({fix['as_run']['name']}) does not describe the node "

@@ -370,7 +370,11 @@ def capacity_section(capacity: Sequence[Mapping[str, Any]], probes: Sequence[Map
         elif r.get("concurrency_at_limit"):
             what = f"at least {cap} (the search's maximum)"
         else:
-            what = f"{cap}" + (", converged" if r.get("concurrency_converged") else ", not converged")
+            # The bracket (highest pass–lowest fail) where the search kept one, and a re-check that disagreed.
+            what = f"{r.get('concurrency_bracket') or cap}" + (", converged" if r.get("concurrency_converged")
+                                                               else ", not converged")
+            if str(r.get("concurrency_uncertain")).lower() == "true":
+                what += f"; uncertain, re-checks {r.get('concurrency_recheck')}"
         seq = ", ".join(f"{q['concurrency']}{' ✓' if q.get('probe_passed') else ''}"
                         + (" (re-check)" if q.get("probe_recheck") else "") for q in mine)
         seeded = r.get("concurrency_seeded")

@@ -1,0 +1,61 @@
+"""runs/h100-capacity-steady-2026-12-07: the README's claims are what its files show.
+
+Its table is what ``steady.py`` prints from the tarball; each capacity is a bracket with its rule and start, and
+both re-checks disagreed; where a multi-worker client read about 7 % fewer tokens a second than `vllm bench serve`,
+the server's own inter-token latency was the same (the client measured slower than the server served)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import tarfile
+
+from bakeoff.node.readme import section_of
+
+from conftest import ROOT
+
+RUN = ROOT / "runs" / "h100-capacity-steady-2026-12-07"
+RAW = "results/raw/h100_capacity_steady/llama2-7b-synthetic"
+
+
+def _steady():
+    spec = importlib.util.spec_from_file_location("steady_table", RUN / "steady.py")
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_the_readme_table_is_what_steady_py_prints() -> None:
+    text = (RUN / "README.md").read_text()
+    begin, end = "<!-- steady.py: begin -->\n", "<!-- steady.py: end -->"
+    assert text[text.index(begin) + len(begin):text.index(end)] == _steady().table()
+
+
+def test_each_capacity_is_an_uncertain_bracket_judged_confident_over_a_ramp() -> None:
+    with tarfile.open(RUN / "node-results.tgz") as tar:
+        caps = {v: json.load(tar.extractfile(f"{RAW}/{v}/capacity.json"))["capacity"][0]  # type: ignore[arg-type]
+                for v in ("vllm-fp8-online", "vllm-fp16")}
+    assert {v: c["concurrency_bracket"] for v, c in caps.items()} == {"vllm-fp8-online": "176–184",
+                                                                      "vllm-fp16": "148–152"}
+    for c in caps.values():
+        assert c["capacity_verdict_rule"] == "confident" and c["capacity_start"] == "ramp"
+        assert c["concurrency_uncertain"] and c["binding_concurrency"] == "ttft"
+        assert c["p99_tpot_ms_at_capacity"] < c["slo_tpot_ms"] / 1.8
+    section = section_of((RUN / "README.md").read_text()) or ""
+    assert "| vllm-fp8-online | interactive | 176–184, converged; uncertain, re-checks 176: pass, fail; 184: fail, fail |" \
+        in section
+
+
+def test_where_a_client_read_slower_the_server_had_not_run_slower() -> None:
+    runs = json.loads((RUN / "client_check.json").read_text())["runs"]
+    assert {r["concurrency"] for rs in runs.values() for r in rs} == {256}
+    assert all(len(rs) == 3 for rs in runs.values())
+    slow = []
+    for who, rs in runs.items():
+        for r in rs:
+            ref = next(v for v in runs["vllm_bench"] if v["round"] == r["round"])
+            assert abs(r["server_mean_itl_ms"] / ref["server_mean_itl_ms"] - 1) < 0.015, (who, r["round"])
+            if r["output_throughput"] / ref["output_throughput"] < 0.95:
+                slow.append((who, r["round"], r.get("client_workers")))
+    assert len(slow) == 3 and all(w and w > 1 for _, _, w in slow), slow
