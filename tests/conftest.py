@@ -85,6 +85,20 @@ def bakeoff(*args: str, env: dict | None = None, timeout: float = 900, cwd: Path
                           env={**os.environ, **(env or {})}, timeout=timeout)
 
 
+def record_table(run: Path, script: str) -> tuple[str, str]:
+    """A record's README table between ``<!-- <script>: begin -->`` and ``end``, and what ``run/<script>`` prints
+    (its ``table()``): a record's hand-run script and the table it put in the README, to compare."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(f"record_{run.name}_{Path(script).stem}", run / script)
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    text = (run / "README.md").read_text()
+    begin, end = f"<!-- {script}: begin -->\n", f"<!-- {script}: end -->"
+    return text[text.index(begin) + len(begin):text.index(end)], mod.table()
+
+
 def results_root(path: Path) -> Path:
     """A working directory for the real Snakefile whose results/, logs/ and .snakemake/ are its own, and whose
     models/ and build/ are the tests' (:data:`TEST_ARTIFACTS`), never the clone's."""

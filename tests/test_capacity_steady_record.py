@@ -6,30 +6,20 @@ the server's own inter-token latency was the same (the client measured slower th
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import tarfile
 
 from bakeoff.node.readme import section_of
 
-from conftest import ROOT
+from conftest import ROOT, record_table
 
 RUN = ROOT / "runs" / "h100-capacity-steady-2026-12-07"
 RAW = "results/raw/h100_capacity_steady/llama2-7b-synthetic"
 
 
-def _steady():
-    spec = importlib.util.spec_from_file_location("steady_table", RUN / "steady.py")
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
 def test_the_readme_table_is_what_steady_py_prints() -> None:
-    text = (RUN / "README.md").read_text()
-    begin, end = "<!-- steady.py: begin -->\n", "<!-- steady.py: end -->"
-    assert text[text.index(begin) + len(begin):text.index(end)] == _steady().table()
+    committed, printed = record_table(RUN, "steady.py")
+    assert committed == printed
 
 
 def test_each_capacity_is_an_uncertain_bracket_judged_confident_over_a_ramp() -> None:

@@ -7,28 +7,18 @@ bounds, so the fail was the probe's size (the defect fixed in bakeoff.loadgen.wo
 
 from __future__ import annotations
 
-import importlib.util
 import json
 
 from bakeoff.loadgen.capacity import MIN_CONFIDENT_REQUESTS, SLO_PRESETS, TOO_FEW, judge
 
-from conftest import ROOT
+from conftest import ROOT, record_table
 
 RUN = ROOT / "runs" / "h100-capacity-steady-2026-12-07-stopped"
 
 
-def _probes_module():
-    spec = importlib.util.spec_from_file_location("stopped_probes", RUN / "probes.py")
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
 def test_the_readme_table_is_what_the_probe_files_print() -> None:
-    text = (RUN / "README.md").read_text()
-    begin, end = "<!-- probes.py: begin -->\n", "<!-- probes.py: end -->"
-    assert text[text.index(begin) + len(begin):text.index(end)] == _probes_module().table()
+    committed, printed = record_table(RUN, "probes.py")
+    assert committed == printed
 
 
 def test_every_probe_failed_on_its_size_alone_and_passes_judged_today() -> None:
