@@ -49,3 +49,13 @@ def test_where_a_client_read_slower_the_server_had_not_run_slower() -> None:
             if r["output_throughput"] / ref["output_throughput"] < 0.95:
                 slow.append((who, r["round"], r.get("client_workers")))
     assert len(slow) == 3 and all(w and w > 1 for _, _, w in slow), slow
+
+
+def test_the_failing_c192_probes_did_not_send_in_waves() -> None:
+    """The README's reading of steady.py's last columns: at c=192 both variants failed with their sends spread more
+    evenly than a Poisson stream's (variance below the mean), so the TTFT's swings are not the client's bunching."""
+    _, printed = record_table(RUN, "steady.py")
+    rows = [[c.strip() for c in line.strip("|").split("|")] for line in printed.splitlines() if "`cap-" in line]
+    c192 = [r for r in rows if r[2] == "192"]
+    assert len(c192) == 2 and all(r[-1] == "fail" and float(r[-2]) < 1.0 for r in c192)
+    assert max(float(r[-2]) for r in rows if r[-1] == "pass") > 3.0

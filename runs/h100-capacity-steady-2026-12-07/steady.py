@@ -18,9 +18,21 @@ def _ms(values: list[float]) -> str:
     return f"{1000 * statistics.median(values):.0f}" if values else ""
 
 
+def _dispersion(sends: list[float], window_s: float = 0.05) -> float:
+    """Variance over mean of the requests sent in each window: 1 for a Poisson stream, above it where the users
+    send in bunches (waves), below it where they are spread more evenly than at random."""
+    counts = [0] * int((sends[-1] - sends[0]) / window_s)
+    for t in sends:
+        k = int((t - sends[0]) / window_s)
+        if k < len(counts):
+            counts[k] += 1
+    return statistics.pvariance(counts) / statistics.mean(counts)
+
+
 def table() -> str:
     out = ["| variant | probe | c | after the ramp | p99 TTFT ms | TTFT median ms, first second after the ramp | "
-           "TTFT median ms, last second | verdict |", "|---|---|---|---|---|---|---|---|"]
+           "TTFT median ms, last second | sends a 50 ms window after the ramp, variance / mean | verdict |",
+           "|---|---|---|---|---|---|---|---|---|"]
     logs = {}
     with tarfile.open(HERE / "node-results.tgz") as tar:
         for variant in ("vllm-fp8-online", "vllm-fp16"):
@@ -32,7 +44,7 @@ def table() -> str:
                 first = [t for s, t in steady if s < t0 + 1.0]
                 last = [t for s, t in steady if s > t1 - 1.0]
                 out.append(f"| {variant} | `{p['cell']}` | {p['concurrency']} | {p['steady_requests']} | "
-                           f"{p['p99_ttft_ms']:.0f} | {_ms(first)} | {_ms(last)} | "
+                           f"{p['p99_ttft_ms']:.0f} | {_ms(first)} | {_ms(last)} | {_dispersion([s for s, _ in steady]):.2f} | "
                            f"{'pass' if p['probe_passed'] else 'fail'} |")
             logs[variant] = [tuple(map(int, m.groups())) for m in
                              STATS.finditer(tar.extractfile(f"{RAW}/{variant}/server.log").read().decode())]  # type: ignore[union-attr]
