@@ -57,5 +57,15 @@ def test_the_failing_c192_probes_did_not_send_in_waves() -> None:
     _, printed = record_table(RUN, "steady.py")
     rows = [[c.strip() for c in line.strip("|").split("|")] for line in printed.splitlines() if "`cap-" in line]
     c192 = [r for r in rows if r[2] == "192"]
-    assert len(c192) == 2 and all(r[-1] == "fail" and float(r[-2]) < 1.0 for r in c192)
-    assert max(float(r[-2]) for r in rows if r[-1] == "pass") > 3.0
+    assert len(c192) == 2 and all(r[-1] == "fail" and float(r[-3]) < 1.0 for r in c192)
+    assert max(float(r[-3]) for r in rows if r[-1] == "pass") > 3.0
+
+
+def test_no_probe_saw_a_request_waiting_in_vllms_scheduler() -> None:
+    """The README's reading of the /metrics column: every probe polled, none waiting at any poll."""
+    _, printed = record_table(RUN, "steady.py")
+    polls = [line.split("|")[-3].strip() for line in printed.splitlines() if "`cap-" in line]
+    assert len(polls) == 19
+    for cell in polls:
+        scrapes, peaks = cell.split(": ")
+        assert int(scrapes) >= 20 and peaks.split(", ")[1] == "0", cell

@@ -31,8 +31,8 @@ def _dispersion(sends: list[float], window_s: float = 0.05) -> float:
 
 def table() -> str:
     out = ["| variant | probe | c | after the ramp | p99 TTFT ms | TTFT median ms, first second after the ramp | "
-           "TTFT median ms, last second | sends a 50 ms window after the ramp, variance / mean | verdict |",
-           "|---|---|---|---|---|---|---|---|---|"]
+           "TTFT median ms, last second | sends a 50 ms window after the ramp, variance / mean | "
+           "/metrics polls: peak running, peak waiting | verdict |", "|---|---|---|---|---|---|---|---|---|---|"]
     logs = {}
     with tarfile.open(HERE / "node-results.tgz") as tar:
         for variant in ("vllm-fp8-online", "vllm-fp16"):
@@ -45,6 +45,7 @@ def table() -> str:
                 last = [t for s, t in steady if s > t1 - 1.0]
                 out.append(f"| {variant} | `{p['cell']}` | {p['concurrency']} | {p['steady_requests']} | "
                            f"{p['p99_ttft_ms']:.0f} | {_ms(first)} | {_ms(last)} | {_dispersion([s for s, _ in steady]):.2f} | "
+                           f"{p['metrics_scrapes']}: {p['peak_running_requests']:.0f}, {p['peak_waiting_requests']:.0f} | "
                            f"{'pass' if p['probe_passed'] else 'fail'} |")
             logs[variant] = [tuple(map(int, m.groups())) for m in
                              STATS.finditer(tar.extractfile(f"{RAW}/{variant}/server.log").read().decode())]  # type: ignore[union-attr]
