@@ -63,12 +63,10 @@ def server_histograms(base_url: str) -> dict[str, float]:
 
 
 def referee(before: dict[str, float], after: dict[str, float]) -> dict[str, float | None]:
-    """The server-side means over one run: (sum after - sum before) / (count after - count before), in ms."""
-    out: dict[str, float | None] = {}
-    for key, name in REFEREE.items():
-        n = after.get(name + "_count", 0.0) - before.get(name + "_count", 0.0)
-        out[key] = 1000 * (after.get(name + "_sum", 0.0) - before.get(name + "_sum", 0.0)) / n if n else None
-    return out
+    """The server-side means over one run, in ms (bakeoff.loadgen.server_latency: the window's sums over counts)."""
+    from bakeoff.loadgen.server_latency import window_means
+
+    return window_means(before, after, REFEREE)
 
 
 def cpu_s() -> float:

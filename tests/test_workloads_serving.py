@@ -51,6 +51,12 @@ def test_vllm_reports_the_implied_hit_rate_with_caching_on_and_none_with_it_off(
     assert on["prefix_cache_hit_rate"] == pytest.approx(implied, abs=0.05), on["prefix_cache_source"]
     assert on["prefix_cache_queries"] >= on["prefix_cache_hits"] > 0
     assert off["prefix_cache_hit_rate"] == pytest.approx(0.0, abs=0.01) and off["prefix_cache_hits"] == 0
+    # vLLM's own latency histograms over each cell's window: its 8 first tokens, timed no later than the client saw them.
+    for row in (on, off):
+        assert row["server_latency_requests"] == 8, row["server_latency_source"]
+        assert 0 < row["server_mean_ttft_ms"] <= 1.05 * row["mean_ttft_ms"] + 5, (row["server_mean_ttft_ms"],
+                                                                                 row["mean_ttft_ms"])
+        assert row["server_mean_queue_ms"] is not None and row["server_mean_queue_ms"] <= row["server_mean_ttft_ms"]
     # The servers were started with the switch each plugin made of the setting.
     log_on = (tmp_path / "vllm" / "server.log").read_text()
     assert "--no-enable-prefix-caching" in (tmp_path / "vllm_nocache" / "server.log").read_text() or \

@@ -29,6 +29,7 @@ from bakeoff.hardware.gpu import server_env
 from bakeoff.hardware.memory import tree_rss
 from bakeoff.loadgen.prefix_cache import PrefixCacheCounters
 from bakeoff.loadgen.scrape import MetricNames
+from bakeoff.loadgen.server_latency import LatencyHistograms
 from bakeoff.proc import ManagedProcess, ServerStartError, free_port, tail
 
 ENGINES: dict[str, type[Engine]] = {}
@@ -147,6 +148,8 @@ class Engine(abc.ABC):
     metric_names: MetricNames | None = None
     # Its Prometheus counters of prompt tokens reused from a prefix cache; None: it exposes none.
     prefix_cache_counters: PrefixCacheCounters | None = None
+    # Its Prometheus latency histograms (first token, inter-token, queue); None: it keeps none.
+    latency_histograms: LatencyHistograms | None = None
 
     # --- what the engine knows about itself, asked before any server starts ----------
     @classmethod

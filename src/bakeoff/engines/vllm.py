@@ -37,6 +37,7 @@ from bakeoff.hardware.gpu import docker_gpu_args
 from bakeoff.layout import GPU_SETUP, GPU_VENV_PYTHON, MANIFEST
 from bakeoff.loadgen.prefix_cache import PrefixCacheCounters
 from bakeoff.loadgen.scrape import MetricNames
+from bakeoff.loadgen.server_latency import LatencyHistograms
 
 CONTAINER_MODEL_DIR = "/model"
 # The kernel a per-tensor FP8 checkpoint needs at its first forward pass, called the way vLLM calls it.
@@ -141,6 +142,9 @@ class VllmEngine(Engine):
                                waiting=("vllm:num_requests_waiting",), running=("vllm:num_requests_running",))
     prefix_cache_counters = PrefixCacheCounters(hits="vllm:prefix_cache_hits_total",
                                                 queries="vllm:prefix_cache_queries_total")
+    latency_histograms = LatencyHistograms(ttft="vllm:time_to_first_token_seconds",
+                                           itl="vllm:inter_token_latency_seconds",
+                                           queue="vllm:request_queue_time_seconds")
     # Quant methods whose weights stay FP8 when served (the others are 16-bit checkpoints).
     runtime_fp8_methods = ("fp8", "fp8_online")
 

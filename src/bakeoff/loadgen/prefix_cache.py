@@ -20,9 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-import requests
-
-from bakeoff.loadgen.scrape import gauges
+from bakeoff.loadgen.scrape import gauges, metrics_page
 
 COLUMNS = ["prefix_cache_hits", "prefix_cache_queries", "prefix_cache_hit_rate", "prefix_cache_source"]
 
@@ -37,7 +35,10 @@ class PrefixCacheCounters:
 
     def read(self, text: str) -> tuple[float, float] | None:
         """(hits, queries) from one ``/metrics`` page; None where the page lacks the counters."""
-        values = gauges(text)
+        return self.read_values(gauges(text))
+
+    def read_values(self, values: dict[str, float]) -> tuple[float, float] | None:
+        """(hits, queries) from a page's samples (:func:`bakeoff.loadgen.scrape.gauges`)."""
         if self.hits not in values:
             return None
         hits = values[self.hits]
@@ -62,14 +63,10 @@ class PrefixCacheWindow:
 
     def _read(self) -> tuple[float, float] | None:
         assert self.counters is not None
-        headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else None
-        try:
-            r = requests.get(self.base_url.rstrip("/") + "/metrics", headers=headers, timeout=5)
-            r.raise_for_status()
-            got = self.counters.read(r.text)
-        except (requests.RequestException, ValueError) as e:
-            self.error = f"{type(e).__name__}: {e}"[:200]
+        page, self.error = metrics_page(self.base_url, self.api_key)
+        if page is None:
             return None
+        got = self.counters.read_values(page)
         if got is None:
             self.error = f"no {self.counters.hits} on /metrics"
         return got

@@ -50,6 +50,17 @@ def gauges(text: str) -> dict[str, float]:
     return out
 
 
+def metrics_page(base_url: str, api_key: str | None = None) -> tuple[dict[str, float] | None, str]:
+    """One read of a server's ``/metrics`` (:func:`gauges` of it), or None and why not: never raises."""
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else None
+    try:
+        r = requests.get(base_url.rstrip("/") + "/metrics", headers=headers, timeout=5)
+        r.raise_for_status()
+        return gauges(r.text), ""
+    except (requests.RequestException, ValueError) as e:
+        return None, f"{type(e).__name__}: {e}"[:200]
+
+
 def first(values: dict[str, float], names: Iterable[str]) -> float | None:
     for n in names:
         if n in values:

@@ -79,6 +79,7 @@ FRACTION, PCT, RATIO = "fraction (0-1)", "% (0-100)", "ratio"
 METRICS = "bakeoff.loadgen.metrics"
 CELLS = "bakeoff.loadgen.cells"
 MEASURE = "bakeoff.serving.measure"
+LATENCY = "bakeoff.loadgen.server_latency"
 SERVE = "bakeoff.serving.variant"
 SUMMARY_STAGE = "bakeoff.stages.summary"
 DERIVED = "bakeoff.results.derived"
@@ -280,6 +281,15 @@ SERVER = _mixed(
         ("metrics_scrape_errors", COUNT, "Failed scrapes (never fatal).", "bakeoff.loadgen.scrape"),
         ("metrics_source", "", "Which endpoints were scraped, and why not where unavailable.",
          "bakeoff.loadgen.scrape"),
+        ("server_mean_ttft_ms", MS, "Mean TTFT as the server timed it (vLLM's `time_to_first_token_seconds` "
+         "histogram over the measured window, a ramp included): beside the client's, where the time went.",
+         LATENCY),
+        ("server_mean_itl_ms", MS, "Mean inter-token latency as the server timed it (vLLM's "
+         "`inter_token_latency_seconds`), over the same window.", LATENCY),
+        ("server_mean_queue_ms", MS, "Mean time from a request's arrival to its first scheduling (vLLM's "
+         "`request_queue_time_seconds`), over the same window.", LATENCY),
+        ("server_latency_requests", COUNT, "First tokens the server's histogram counted in the window.", LATENCY),
+        ("server_latency_source", "", "Where the histograms were read, or why they could not be.", LATENCY),
     ],
 )
 

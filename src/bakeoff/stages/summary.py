@@ -25,6 +25,7 @@ from bakeoff.loadgen.health import COLUMNS as CLIENT_HEALTH_COLUMNS
 from bakeoff.loadgen.metrics import SERVER_METRICS, START_METRICS, SUMMARY_METRICS
 from bakeoff.loadgen.prefix_cache import COLUMNS as PREFIX_CACHE_COLUMNS
 from bakeoff.loadgen.scrape import COLUMNS as SCRAPE_COLUMNS
+from bakeoff.loadgen.server_latency import COLUMNS as SERVER_LATENCY_COLUMNS
 from bakeoff.loadgen.workload import COLUMNS as WORKLOAD_COLUMNS
 from bakeoff.models.artifacts import atomic_write_text
 from bakeoff.quality.compare import QUALITY_COLUMNS, quality_columns
@@ -41,6 +42,7 @@ COLUMNS = [
     *CLIENT_HEALTH_COLUMNS, "client_rerun", "client_shares_cores",
     *SERVER_METRICS,
     *[c for c in TELEMETRY_COLUMNS if c != "peak_gpu_bytes"], *FINGERPRINT_COLUMNS, *SCRAPE_COLUMNS,
+    *SERVER_LATENCY_COLUMNS,
     "engine_settings", "parallel_set_by", "config_hash", "load_note",
     # capacity probes (load.mode: capacity): which search, which SLO, its verdict; empty on the fixed cells
     "cell", "probe_of", "slo", "probe_passed", "probe_exceeded", "probe_recheck", "stopped_early", "peak_in_flight",
