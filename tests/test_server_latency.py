@@ -91,3 +91,14 @@ def test_each_engine_names_its_own_histograms_or_none() -> None:
     assert get_engine("vllm").latency_histograms == NAMES
     assert get_engine("llamacpp").latency_histograms is None
     assert ServerLatencyWindow("http://127.0.0.1:9", None).columns() == {}
+
+
+def test_a_failed_start_read_keeps_its_reason_after_an_end_read_that_worked(server) -> None:
+    url, hists = server
+    for h in hists.values():
+        h.labels("m")
+    window = ServerLatencyWindow("http://127.0.0.1:9", NAMES, label="vllm")
+    window.open()
+    window.base_url = url  # the server answers by the window's end
+    window.close()
+    assert "unavailable: ConnectionError" in window.columns()["server_latency_source"]

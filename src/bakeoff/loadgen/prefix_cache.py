@@ -63,7 +63,8 @@ class PrefixCacheWindow:
 
     def _read(self) -> tuple[float, float] | None:
         assert self.counters is not None
-        page, self.error = metrics_page(self.base_url, self.api_key)
+        page, err = metrics_page(self.base_url, self.api_key)
+        self.error = err or self.error  # a failed read's reason outlives a later read that worked
         if page is None:
             return None
         got = self.counters.read_values(page)

@@ -62,7 +62,8 @@ class ServerLatencyWindow:
     error: str = ""
 
     def _read(self) -> dict[str, float] | None:
-        page, self.error = metrics_page(self.base_url, self.api_key)
+        page, err = metrics_page(self.base_url, self.api_key)
+        self.error = err or self.error  # a failed read's reason outlives a later read that worked
         if page is not None and self.histograms is not None and self.histograms.ttft + "_count" not in page:
             self.error = f"no {self.histograms.ttft} on /metrics"
             return None
