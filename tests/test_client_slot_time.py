@@ -34,9 +34,11 @@ def test_a_closed_loop_is_judged_by_its_share_lost_and_an_open_loop_by_its_delay
 
 
 def test_a_bursts_first_wave_is_its_delay_p99_and_costs_a_sliver_of_its_slot_time() -> None:
+    # 4 rounds of 256 tokens at 10 ms: slots of about 10 s, so sending the wave (a few tens of milliseconds, more
+    # on a busy CI machine) stays a sliver of them
     c, n = 128, 512
     with serving(token_delay_s=0.01) as url:  # the warm-up opens the c connections the first wave uses
-        res = run_cell(url, "m", CellLoad([f"p {i}" for i in range(n)], 2, 64, concurrency=c,
+        res = run_cell(url, "m", CellLoad([f"p {i}" for i in range(n)], 2, 256, concurrency=c,
                                           warmup_prompts=["w"] * c), show_progress=False)
     (h,) = json.loads(res.client["client_worker_health"])
     by_start = sorted(res.records, key=lambda r: r.start)
