@@ -50,7 +50,9 @@ def test_a_bursts_first_wave_is_its_delay_p99_and_costs_a_sliver_of_its_slot_tim
     assert np.mean(first_d) > 10 * np.mean(rest_d) and np.percentile(rest_d, 90) < 0.001
     # the share is the delays over the slots' time: c slots from t0 to the worker's last response
     wall = max(r.done for r in res.records if r.done is not None)
-    assert h["slot_time_lost_share"] == pytest.approx(sum(r.schedule_delay for r in res.records) / (c * wall), rel=0.05)
+    # (the worker's figure is rounded to 4 decimals: bakeoff.loadgen.health)
+    assert h["slot_time_lost_share"] == pytest.approx(sum(r.schedule_delay for r in res.records) / (c * wall), rel=0.05,
+                                                      abs=0.5e-4)
     assert h["loop"] == "closed" and res.client["client_slot_time_lost_share"] < health.SLOT_TIME_LOST_MAX / 2
     assert "schedule delay" not in res.client["client_saturated_reason"]
 
