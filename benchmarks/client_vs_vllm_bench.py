@@ -14,6 +14,10 @@ their sums and counts give the server-side means of that run alone. Where the
 server's ratio matches the clients', the server really ran at that speed under
 that client's traffic; where it does not, the clients measure differently.
 
+Where the server runs here, each run also records where the processes ran (bakeoff.loadgen.core_watch): the
+CPU share of each server process (vLLM's API server streams every token) and how often a client thread shared a
+busy server thread's physical core, which would slow the server's delivery without moving its histograms.
+
 Client CPU is the benchmarking process's own user+sys time (getrusage: itself and its finished children, so
 bakeoff's worker processes count) around each client's measured run; the clients run one at a time.
 
@@ -44,6 +48,8 @@ import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+
+from bakeoff.loadgen.core_watch import CoreWatch
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -110,23 +116,25 @@ async def run_bakeoff(base_url: str, model: str, prompts: list[str], prompt_len:
     return {"output_throughput": m["output_throughput"], "median_ttft_ms": m["median_ttft_ms"],
             "median_tpot_ms": m["median_tpot_ms"], "p99_tpot_ms": m["p99_tpot_ms"], "p99_ttft_ms": m["p99_ttft_ms"],
             "cpu_s": cpu, "tokens": m["total_output_tokens"], "completed": m["completed"],
-            **{k: res.client[k] for k in ("client_workers", "client_cpu_share", "client_loop_lag_p99_ms",
+            **{k: res.client[k] for k in ("client_workers", "client_cpu_share", "client_cpu_s_per_1k_tokens",
+                                          "client_loop_lag_p99_ms",
                                           "client_schedule_delay_p99_ms", "client_slot_time_lost_share",
                                           "client_saturated",
                                           "client_saturated_reason")}}
 
 
 @contextmanager
-def server(a: argparse.Namespace, tok) -> Iterator[str]:
-    """The base URL of the server the clients share: given, the echo server, or vLLM started here."""
+def server(a: argparse.Namespace, tok) -> Iterator[tuple[str, int | None]]:
+    """The base URL of the server the clients share, and its process where it runs here (None for ``--url``):
+    given, the echo server, or vLLM started here."""
     if a.url:
-        yield a.url.rstrip("/")
+        yield a.url.rstrip("/"), None
         return
     if a.echo_token_delay_ms is not None:
         from bakeoff.loadgen.echo_server import own_process
 
-        with own_process(a.echo_token_delay_ms) as (url, _pid):
-            yield url
+        with own_process(a.echo_token_delay_ms) as (url, pid):
+            yield url, pid
         return
     from bakeoff.composition.compose import load_config
     from bakeoff.engines import ServerSpec, get_engine
@@ -138,7 +146,18 @@ def server(a: argparse.Namespace, tok) -> Iterator[str]:
                       served_name=a.served_name, log_path=Path(a.out).with_suffix(".server.log"))
     with get_engine("vllm")(spec) as engine:
         print(f"vLLM ready after {engine.ready():.0f}s at {engine.base_url}", file=sys.stderr)
-        yield engine.base_url
+        yield engine.base_url, engine.pid()
+
+
+@contextmanager
+def watching(pid: int | None) -> Iterator[CoreWatch | None]:
+    """The cores of the server's processes and the client's, watched over one run (bakeoff.loadgen.core_watch);
+    nothing where the server does not run here."""
+    if pid is None:
+        yield None
+        return
+    with CoreWatch(pid) as watch:
+        yield watch
 
 
 SIZER = None  # bakeoff:auto's sizer: the cells measured on this server so far, as a serving job keeps them
@@ -157,7 +176,10 @@ def run_client(who: str, url: str, a: argparse.Namespace, tok, prompts: list[str
     kind = who.split(":", 1)[1] if ":" in who else "1"
     workers = SIZER.workers(c, available_cores()) if kind == "auto" else int(kind)
     res = asyncio.run(run_bakeoff(url, a.served_name, prompts, a.prompt_len, a.output_len, c, workers))
-    SIZER.observe(c, res["output_throughput"], 1000 * res["cpu_s"] / res["tokens"] if res["tokens"] else None)
+    # the cost the pipeline's sizer learns: the workers' own over the measured window (bakeoff.loadgen.health), not
+    # this process's, which counts each worker process's start
+    SIZER.observe(c, res["output_throughput"], res["client_cpu_s_per_1k_tokens"], workers=res["client_workers"],
+                  saturated=bool(res["client_saturated"]))  # a fixed count is no evidence of need: ``needed`` 1
     return res
 
 
@@ -188,7 +210,7 @@ def main() -> int:
     out = Path(a.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     runs: dict[str, list[dict]] = {}
-    with server(a, tok) as url:
+    with server(a, tok) as (url, pid):
         referee_ok = True
         try:
             server_histograms(url)
@@ -204,7 +226,10 @@ def main() -> int:
                 for who in order:
                     prompts = make_prompts(tok, a.prompt_len, n, seed=1000 * c + r, tag=f"c{c}-round{r}-{who}-")
                     before = server_histograms(url) if referee_ok else {}
-                    res = run_client(who, url, a, tok, prompts, c)
+                    with watching(pid) as watch:
+                        res = run_client(who, url, a, tok, prompts, c)
+                    if watch is not None:
+                        res.update(watch.summary())
                     if referee_ok:
                         res.update(referee(before, server_histograms(url)))
                     res["cpu_s_per_1k_tokens"] = 1000 * res["cpu_s"] / res["tokens"] if res["tokens"] else None

@@ -7,6 +7,7 @@ the server's own inter-token latency was the same (the client measured slower th
 from __future__ import annotations
 
 import json
+import statistics
 import tarfile
 
 from bakeoff.node.readme import section_of
@@ -49,6 +50,20 @@ def test_where_a_client_read_slower_the_server_had_not_run_slower() -> None:
             if r["output_throughput"] / ref["output_throughput"] < 0.95:
                 slow.append((who, r["round"], r.get("client_workers")))
     assert len(slow) == 3 and all(w and w > 1 for _, _, w in slow), slow
+
+
+def test_runs_read_slow_with_several_workers_and_once_with_vllms_own_client_never_with_one_worker() -> None:
+    """The README's count: runs more than 5 % below the median of `vllm bench serve`'s three, by client."""
+    runs = json.loads((RUN / "client_check.json").read_text())["runs"]
+    ref = statistics.median(r["output_throughput"] for r in runs["vllm_bench"])
+    assert round(ref) == 12222
+    every = [(r.get("client_workers") or 0, r["output_throughput"] / ref < 0.95) for rs in runs.values() for r in rs]
+    one, several, vllms = ([s for w, s in every if pick(w)] for pick in (lambda w: w == 1, lambda w: w > 1,
+                                                                            lambda w: w == 0))
+    assert (sum(one), len(one)) == (0, 4) and (sum(several), len(several)) == (4, 5) and (sum(vllms), len(vllms)) == (1, 3)
+    slow_ref = min(runs["vllm_bench"], key=lambda r: r["output_throughput"])
+    assert round(slow_ref["output_throughput"]) == 11173 and slow_ref["round"] == 2
+    assert round(slow_ref["server_mean_itl_ms"], 2) == 18.54
 
 
 def test_the_failing_c192_probes_did_not_send_in_waves() -> None:

@@ -129,19 +129,35 @@ def test_two_workers_against_the_echo_server_give_a_complete_cell_with_each_work
     assert res.client["client_saturated"] is False, res.client["client_saturated_reason"]
 
 
-def test_auto_sizes_workers_from_the_rate_seen_on_the_server_bounded_by_cores_and_concurrency() -> None:
+def test_auto_starts_at_one_worker_and_sizes_from_the_tightest_rate_bound_the_server_showed() -> None:
     s = sizing.ClientSizer()
-    assert s.workers(1, 16) == 1  # c = 1: one worker, always
-    # unmeasured: 500 tok/s a request at 0.04 CPU-s/1k tokens, half a core a worker
-    assert s.workers(256, 16) == 11 and s.workers(256, 2) == 2 and s.workers(3, 16) == 1
-    assert sizing.ClientSizer([(3, 1e6, 0.04)]).workers(3, 16) == 3  # never more workers than requests in flight
+    assert s.workers(1, 16) == 1 and s.workers(256, 16) == 1  # nothing measured: one worker, its health decides
     # measured on an H100 (2026-12-06): 5150 tok/s at c = 32, 0.035 CPU-s per 1k tokens
     s.observe(32, 5150.0, 0.035)
     assert s.expected_tok_s(256) == pytest.approx(5150.0 * 8)  # at most proportional to c
     assert s.workers(256, 16) == 3  # 41.2k tok/s x 0.035 / 1000 / 0.5 = 2.9
-    assert s.workers(32, 16) == 1 and s.workers(8, 16) == 1
+    assert s.workers(256, 2) == 2 and s.workers(32, 16) == 1 and s.workers(8, 16) == 1
+    # c = 256 then read 12.2k tok/s (runs/h100-capacity-steady-2026-12-07): every cell bounds the rate, the tightest wins
+    s.observe(256, 12200.0, 0.035)
+    assert s.expected_tok_s(256) == pytest.approx(12200.0) and s.expected_tok_s(512) == pytest.approx(24400.0)
+    assert s.expected_tok_s(128) == pytest.approx(12200.0)  # a higher c's rate bounds a lower one's too (20.6k from c=32)
+    assert s.workers(256, 16) == 1  # 12.2k x 0.035 / 1000 / 0.5 = 0.85
+    assert s.workers(512, 16) == 2  # 24.4k: 1.7
+    assert sizing.ClientSizer([sizing.Seen(3, 1e6, 0.04)]).workers(3, 16) == 3  # never more than in flight
     s.observe(1, float("nan"), 0.03)  # a cell with no throughput teaches nothing
-    assert len(s.seen) == 1
+    assert len(s.seen) == 2
+
+
+def test_auto_never_starts_a_cell_with_fewer_workers_than_a_lower_one_needed() -> None:
+    """A client still short after its re-run measured its own rate: the rate bound would start the next cell short
+    again, so the next starts from twice its workers; one that was not short sets the floor at its own."""
+    s = sizing.ClientSizer()
+    s.observe(64, 3000.0, 0.035, workers=4)  # a count that was set, not shown to be needed: no floor
+    assert s.workers(64, 16) == 1
+    s.observe(64, 3000.0, 0.035, needed=2, workers=2)  # re-run with 2 after one was short: the rate would say 1
+    assert s.workers(64, 16) == 2 and s.workers(128, 16) == 2 and s.workers(32, 16) == 1
+    s.observe(128, 3100.0, 0.035, needed=2, workers=2, saturated=True)
+    assert s.workers(128, 16) == 4 and s.workers(512, 16) == 4 and s.workers(512, 3) == 3 and s.workers(100, 16) == 2
 
 
 def test_llamacpp_slots_follow_the_search_maximum_within_the_kv_memory() -> None:

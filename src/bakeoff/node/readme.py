@@ -437,7 +437,11 @@ def client_check_section(check: Mapping[str, Any] | None) -> list[str]:
     """The client check (``client_check.json`` of benchmarks/client_vs_vllm_bench.py): every run, in the order
     run, then each bakeoff client against ``vllm bench serve`` per concurrency, paired by round: the median and
     range of the ratios in output tok/s and p99 TPOT, whether the median is within 3 %, and how often the client
-    was flagged where it agreed (the goal: ``bakeoff:auto`` within 3 % at every c, never flagged where it agrees)."""
+    was flagged where it agreed (the goal: ``bakeoff:auto`` within 3 % at every c, never flagged where it agrees).
+
+    Beside each run, the server's own mean inter-token latency (its histograms: whether the server ran slower) and,
+    where the check watched the cores (bakeoff.loadgen.core_watch), the busiest server process's CPU share and the
+    share of intervals in which a client thread ran on a busy server thread's physical core."""
     if not check:
         return []
     runs = check.get("runs", {})
@@ -448,8 +452,8 @@ def client_check_section(check: Mapping[str, Any] | None) -> list[str]:
            "finished children's (worker processes' start-up included).", "",
            "| c | client | round | position | output tok/s | median TTFT ms | median TPOT ms | p99 TPOT ms | "
            "CPU-s / 1k tok | workers | worst worker CPU share | worst lag p99 ms | worst schedule delay p99 ms | "
-           "slot-time lost | flagged |",
-           "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+           "slot-time lost | flagged | server mean ITL ms | busiest server process CPU share | core overlap |",
+           "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     rows = sorted(((r["concurrency"], who, r) for who, rs in runs.items() for r in rs),
                   key=lambda t: (t[0], int(t[2].get("round", 0)), int(t[2].get("position", 0))))
     for c, who, r in rows:
@@ -460,7 +464,8 @@ def client_check_section(check: Mapping[str, Any] | None) -> list[str]:
                    f"{_f(r.get('cpu_s_per_1k_tokens'), '.3f')} | {r.get('client_workers', '')} | "
                    f"{_f(r.get('client_cpu_share'), '.2f')} | {_f(r.get('client_loop_lag_p99_ms'))} | "
                    f"{_f(r.get('client_schedule_delay_p99_ms'))} | {_f(r.get('client_slot_time_lost_share'), '.3f')} | "
-                   f"{flagged} |")
+                   f"{flagged} | {_f(r.get('server_mean_itl_ms'), '.2f')} | {busiest(r)} | "
+                   f"{_f(r.get('core_overlap_share'), '.2f')} |")
     ref = {(r["concurrency"], int(r.get("round", 0))): r for r in runs.get("vllm_bench", [])}
     out += ["", "Each bakeoff client against `vllm bench serve`, paired by round (ratio - 1, median and range):", "",
             "| c | client | rounds | output tok/s | p99 TPOT | within 3 % (both medians) | flagged where within 3 % |",
@@ -485,6 +490,15 @@ def client_check_section(check: Mapping[str, Any] | None) -> list[str]:
             out.append(f"| {c} | {who} | {len(pairs)} | {span(tok)} | {span(p99)} | {'yes' if agree else 'no'} | "
                        f"{flags} of {len(agreeing)} |")
     return out + [""]
+
+
+def busiest(run: Mapping[str, Any]) -> str:
+    """The server process that used the most CPU over a client check run, and its share of one core."""
+    shares = run.get("server_cpu_share_by_process") or {}
+    if not shares:
+        return ""
+    name, share = max(shares.items(), key=lambda kv: kv[1])
+    return f"{share:.2f} ({name})"
 
 
 def _f(v: Any, fmt: str = ".1f") -> str:

@@ -159,7 +159,10 @@ def measure(job: ServeJob, session: Session, base: dict, load: LoadCfg, tokenize
     # The steady span: a closed loop that keeps c requests in flight (sessions pause between turns: not one).
     steady = not open_loop and kind != "multiturn"
     metrics = res.summary(slos_ms or job.slos_ms, concurrency=cell.concurrency if steady else None)
-    job.sizer.observe(in_flight, metrics.get("output_throughput"), res.client.get("client_cpu_s_per_1k_tokens"))
+    # a client short on the server's own cores is no reason to start the next cell with more workers
+    job.sizer.observe(in_flight, metrics.get("output_throughput"), res.client.get("client_cpu_s_per_1k_tokens"),
+                      needed=workers if attempts else 1, workers=workers,
+                      saturated=bool(res.client["client_saturated"]) and not shares_cores)
     telemetry = window.columns(metrics["total_output_tokens"], metrics["total_input_tokens"])
     notes = [base["load_note"], *notes, *session.notes]
     steady, vllm_def = metrics.get("steady_output_throughput"), metrics.get("output_throughput")
