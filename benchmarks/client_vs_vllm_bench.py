@@ -229,7 +229,7 @@ def main() -> int:
                     with watching(pid) as watch:
                         res = run_client(who, url, a, tok, prompts, c)
                     if watch is not None:
-                        res.update(watch.summary())
+                        res.update({**watch.summary(), **watch.columns()})
                     if referee_ok:
                         res.update(referee(before, server_histograms(url)))
                     res["cpu_s_per_1k_tokens"] = 1000 * res["cpu_s"] / res["tokens"] if res["tokens"] else None

@@ -57,6 +57,10 @@ def test_vllm_reports_the_implied_hit_rate_with_caching_on_and_none_with_it_off(
         assert 0 < row["server_mean_ttft_ms"] <= 1.05 * row["mean_ttft_ms"] + 5, (row["server_mean_ttft_ms"],
                                                                                  row["mean_ttft_ms"])
         assert row["server_mean_queue_ms"] is not None and row["server_mean_queue_ms"] <= row["server_mean_ttft_ms"]
+        # its threads, watched over the window: on this CPU the engine's compute threads work through every prompt
+        assert row["core_watch_source"].startswith("/proc threads"), row["core_watch_source"]
+        assert row["server_cpu_cores"] >= row["server_busiest_thread_cpu_share"] > 0.1, row["server_busiest_thread"]
+        assert 0 <= row["client_server_core_overlap_share"] <= 1
     # The servers were started with the switch each plugin made of the setting.
     log_on = (tmp_path / "vllm" / "server.log").read_text()
     assert "--no-enable-prefix-caching" in (tmp_path / "vllm_nocache" / "server.log").read_text() or \

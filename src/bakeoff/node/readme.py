@@ -440,7 +440,7 @@ def client_check_section(check: Mapping[str, Any] | None) -> list[str]:
     was flagged where it agreed (the goal: ``bakeoff:auto`` within 3 % at every c, never flagged where it agrees).
 
     Beside each run, the server's own mean inter-token latency (its histograms: whether the server ran slower) and,
-    where the check watched the cores (bakeoff.loadgen.core_watch), the busiest server process's CPU share and the
+    where the check watched the cores (bakeoff.loadgen.core_watch), the busiest server thread's CPU share and the
     share of intervals in which a client thread ran on a busy server thread's physical core."""
     if not check:
         return []
@@ -452,7 +452,7 @@ def client_check_section(check: Mapping[str, Any] | None) -> list[str]:
            "finished children's (worker processes' start-up included).", "",
            "| c | client | round | position | output tok/s | median TTFT ms | median TPOT ms | p99 TPOT ms | "
            "CPU-s / 1k tok | workers | worst worker CPU share | worst lag p99 ms | worst schedule delay p99 ms | "
-           "slot-time lost | flagged | server mean ITL ms | busiest server process CPU share | core overlap |",
+           "slot-time lost | flagged | server mean ITL ms | busiest server thread CPU share | core overlap |",
            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     rows = sorted(((r["concurrency"], who, r) for who, rs in runs.items() for r in rs),
                   key=lambda t: (t[0], int(t[2].get("round", 0)), int(t[2].get("position", 0))))
@@ -493,12 +493,10 @@ def client_check_section(check: Mapping[str, Any] | None) -> list[str]:
 
 
 def busiest(run: Mapping[str, Any]) -> str:
-    """The server process that used the most CPU over a client check run, and its share of one core."""
-    shares = run.get("server_cpu_share_by_process") or {}
-    if not shares:
-        return ""
-    name, share = max(shares.items(), key=lambda kv: kv[1])
-    return f"{share:.2f} ({name})"
+    """The server thread that used the most CPU over a client check run and its share of one core (near 1: that
+    thread was the limit)."""
+    share = run.get("server_busiest_thread_cpu_share")
+    return f"{share:.2f} ({run.get('server_busiest_thread')})" if share is not None else ""
 
 
 def _f(v: Any, fmt: str = ".1f") -> str:

@@ -21,6 +21,7 @@ from typing import Any
 from bakeoff.errors import BakeoffError
 from bakeoff.hardware.telemetry import COLUMNS as TELEMETRY_COLUMNS
 from bakeoff.hardware.telemetry import FINGERPRINT_COLUMNS
+from bakeoff.loadgen.core_watch import COLUMNS as CORE_WATCH_COLUMNS
 from bakeoff.loadgen.health import COLUMNS as CLIENT_HEALTH_COLUMNS
 from bakeoff.loadgen.metrics import SERVER_METRICS, START_METRICS, SUMMARY_METRICS
 from bakeoff.loadgen.prefix_cache import COLUMNS as PREFIX_CACHE_COLUMNS
@@ -42,7 +43,7 @@ COLUMNS = [
     *CLIENT_HEALTH_COLUMNS, "client_rerun", "client_shares_cores",
     *SERVER_METRICS,
     *[c for c in TELEMETRY_COLUMNS if c != "peak_gpu_bytes"], *FINGERPRINT_COLUMNS, *SCRAPE_COLUMNS,
-    *SERVER_LATENCY_COLUMNS,
+    *SERVER_LATENCY_COLUMNS, *CORE_WATCH_COLUMNS,
     "engine_settings", "parallel_set_by", "config_hash", "load_note",
     # capacity probes (load.mode: capacity): which search, which SLO, its verdict; empty on the fixed cells
     "cell", "probe_of", "slo", "probe_passed", "probe_exceeded", "probe_recheck", "stopped_early", "peak_in_flight",
