@@ -292,7 +292,7 @@ SERVER = _mixed(
         ("server_latency_requests", COUNT, "First tokens the server's histogram counted in the window.", LATENCY),
         ("server_latency_source", "", "Where the histograms were read, or why they could not be.", LATENCY),
         ("server_cpu_cores", "cores", "CPU time of the server's process tree over the measured window's wall time, "
-         "in cores (the kernel's per-thread accounting, sampled every 0.2 s).", CORES),
+         "in cores (the kernel's per-thread accounting, sampled every 0.5 s).", CORES),
         ("server_busiest_thread_cpu_share", FRACTION, "The server's busiest thread's CPU time over the window, as a "
          "share of one core: near 1, that one thread was the limit (vLLM's API server streams every token from "
          "one Python thread).", CORES),
@@ -326,7 +326,7 @@ CLIENT = _mixed(
         ("client_slot_time_lost_share", FRACTION, "A closed loop's slot-time the client lost, worst worker: the "
          "sum of its requests' schedule delays over (slots x the measured window); above 0.02 the client held "
          "load back (bakeoff.loadgen.health). Empty for an open loop.", "bakeoff.loadgen.health"),
-        ("client_server_core_overlap_share", FRACTION, "Share of the measured window's 0.2 s intervals in which a "
+        ("client_server_core_overlap_share", FRACTION, "Share of the measured window's 0.5 s intervals in which a "
          "busy client thread (this process's or a worker's) ran on the physical core of a busy server thread, which "
          "slows the server's delivery without moving its own histograms.", CORES),
         ("client_saturated", "bool", "A worker's lag, schedule delay or CPU share passed its threshold "
