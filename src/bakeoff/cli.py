@@ -168,9 +168,9 @@ COMMANDS: dict[str, Command] = {
          arg("--api-key", default=None), arg("--seed", type=int, default=0),
          arg("--records", help="write per-request records (JSONL) here"))),
     "node": Command(
-        "run the GPU node's share of the DAG elsewhere: plan, pack, collect, unpack, record",
+        "run the GPU node's share of the DAG elsewhere: plan, pack, collect, unpack, record, return-build",
         "bakeoff.node.command:run_command",
-        (arg("action", choices=["plan", "pack", "collect", "unpack", "record"]),
+        (arg("action", choices=["plan", "pack", "collect", "unpack", "record", "return-build"]),
          arg("tarball", nargs="?", help="unpack, record: the node-results.tgz that came back; plan: the first override"),
          arg("overrides", nargs="*", help="plan: the experiment's Hydra overrides, e.g. experiment=h100_capacity "
                                           "hardware=h100 (bakeoff.node.plan)"),
@@ -189,9 +189,13 @@ COMMANDS: dict[str, Command] = {
          arg("--quality", action="store_true",
              help="pack: instead of the bundle, quality for the node as parts: the embedded model, lm-eval, "
                   "compressed-tensors, the binding wheel (bakeoff.node.quality)"),
+         arg("--build", metavar="ARCHIVE",
+             help="pack: instead of the bundle, a llama.cpp build a node returned (node.sh --return-build: "
+                  "llamacpp-build-<key>.tar.xz, or its .part0) as parts the next node installs (bakeoff.node.build_carry)"),
          arg("--vllm-wheels", help="pack --vllm: the download cache (default ~/.cache/bakeoff/wheels/vllm-V)"),
          arg("--part-mib", type=float, default=None,
-             help="pack --vllm/--quality: part size in MiB (default: up to 55, what fits a call beside the working tree)"),
+             help="pack --vllm/--quality/--build: part size in MiB (default: up to 55, what fits a call beside the "
+                  "working tree)"),
          arg("--offline", action="store_true", help="pack --vllm/--quality: use only wheels already in the cache"),
          arg("--resume", action="append", default=[], metavar="TGZ",
              help="pack: an earlier node-results.tgz whose finished cells the node keeps (repeatable)"))),

@@ -83,6 +83,12 @@ NODE_QUALITY_SITE = "/tmp/bakeoff-quality/site"
 QUALITY_SITE_ENV = "BAKEOFF_QUALITY_SITE"
 BINDING_CARRY_DIR = ".bakeoff-binding"
 BINDING_PROVENANCE = "binding.json"  # beside the carried binding wheel: the sdist it was built from
+# The node route's carried llama.cpp build (bakeoff.node.build_carry): the parts folder here, and the build cache
+# node.sh points BAKEOFF_CACHE_DIR at on the node, where a carried build is installed as the entry the build stage
+# looks for (cache root / LLAMACPP_CACHE_KIND / key).
+NODE_BUILD_DIR = "build/node-build"
+NODE_CACHE_DIR = "/tmp/bakeoff-cache"
+LLAMACPP_CACHE_KIND = "llamacpp"
 # Beside .venv on a GPU box: the interpreter with vLLM's CUDA build (`make setup-gpu`, the Makefile's GPU_VENV),
 # which GPU hardware configs name as hardware.vllm_python.
 GPU_VENV = ".venv-gpu"

@@ -49,7 +49,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from bakeoff.errors import BakeoffError
-from bakeoff.layout import NODE_QUALITY_SITE, QUALITY_SITE_ENV, is_cell_stem
+from bakeoff.layout import NODE_CACHE_DIR, NODE_QUALITY_SITE, QUALITY_SITE_ENV, is_cell_stem
 from bakeoff.models.manifest import read_manifest, verify, write_manifest
 from bakeoff.node import parts
 from bakeoff.node.correct import correct_unpacked
@@ -84,6 +84,7 @@ NODE_SH = r"""#!/bin/bash
 # the payload once all its parts have come (node_parts.py); with no config entries after it, stop there.
 # --prepare: start the work that needs only CPUs (the llama.cpp build, the models) in the background and return;
 # it goes on while the node stays warm (later calls carry parts), and the next run waits for it.
+# --return-build: write the llama.cpp build this node made into $OUT (bakeoff node pack --build carries it to the next).
 # Otherwise: run `snakemake node` (bakeoff's own rules) in $BAKEOFF_NODE_DIR and tar the results into $OUT.
 set -u
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
@@ -91,6 +92,8 @@ export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVL
 # the first on one node reuses the first one's compiled graphs and kernels.
 export VLLM_CACHE_ROOT=${VLLM_CACHE_ROOT:-/tmp/bakeoff-vllm-cache}
 export TRITON_CACHE_DIR=${TRITON_CACHE_DIR:-/tmp/bakeoff-vllm-cache/triton}
+# The build cache where a carried llama.cpp build is installed, and where a build made here is found to return.
+export BAKEOFF_CACHE_DIR=${BAKEOFF_CACHE_DIR:-NODE_CACHE_DIR_HERE}
 B=$(cd "$(dirname "$0")" && pwd)
 PREPARE_RULES="PREPARE_RULES_HERE"
 PARTS=()
@@ -102,8 +105,9 @@ if [ ${#PARTS[@]} -gt 0 ]; then
   python3 "$B/node_parts.py" receive --manifest "$(dirname "${PARTS[0]}")/manifest.json" "${PARTS[@]}" || exit 4
   [ $# -eq 0 ] && exit 0
 fi
-PREPARE=0
+PREPARE=0 RETURN_BUILD=0
 [ "${1:-}" = "--prepare" ] && { PREPARE=1; shift; }
+[ "${1:-}" = "--return-build" ] && { RETURN_BUILD=1; shift; }
 W=${BAKEOFF_NODE_DIR:-/tmp/bakeoff-node}
 SITE=${BAKEOFF_NODE_SITE:-/tmp/bakeoff-site}
 OUT=${OUT:-$W/out}
@@ -132,6 +136,10 @@ export QUALITY_SITE_ENV="${QUALITY_SITE_ENV:-QUALITY_SITE_HERE}"
 [ -f "$QUALITY_SITE_ENV/INSTALLED_MARK_HERE" ] && export PYTHONPATH="$PYTHONPATH:$QUALITY_SITE_ENV"
 printf '#!/bin/sh\nexec python3 -m bakeoff.cli "$@"\n' > "$SITE/bin/bakeoff" && chmod +x "$SITE/bin/bakeoff"
 cd "$W"
+if [ $RETURN_BUILD = 1 ]; then
+  python3 -m bakeoff.cli node return-build --out "$OUT"
+  exit $?
+fi
 if [ $PREPARE = 1 ]; then
   setsid nohup timeout -k 30 "${BAKEOFF_PREPARE_TIMEOUT_S:-3000}" python3 -m snakemake PREPARE_TARGET_HERE --cores all \
     --scheduler greedy --rerun-incomplete --keep-going --config "$@" \
@@ -157,7 +165,7 @@ exit $rc
 """.replace("PREPARE_RULES_HERE", " ".join(PREPARE_RULES)).replace("PREPARE_TARGET_HERE", PREPARE_TARGET) \
     .replace("QUALITY_SITE_ENV", QUALITY_SITE_ENV).replace("QUALITY_SITE_HERE", NODE_QUALITY_SITE) \
     .replace("INSTALLED_MARK_HERE", parts.INSTALLED_MARK).replace("RETURN_PART_BYTES_HERE", str(RETURN_PART_BYTES)) \
-    .replace("PART_SUFFIX_HERE", PART_SUFFIX)
+    .replace("PART_SUFFIX_HERE", PART_SUFFIX).replace("NODE_CACHE_DIR_HERE", NODE_CACHE_DIR)
 
 
 def _git(repo: Path, *args: str) -> str:

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from bakeoff.config.stageargs import artifact_dir
 from bakeoff.errors import BakeoffError
-from bakeoff.layout import LLAMACPP_SRC, NODE_QUALITY_DIR, NODE_VLLM_DIR, cache_root
+from bakeoff.layout import LLAMACPP_SRC, NODE_BUILD_DIR, NODE_QUALITY_DIR, NODE_VLLM_DIR, cache_root
 from bakeoff.node import bundle
 from bakeoff.node.correct import correct_unpacked
 from bakeoff.node.payload import MIB, PART_EXTRA_BYTES, default_part_bytes
@@ -74,13 +74,43 @@ def pack_quality_command(a: argparse.Namespace) -> None:
     _print_parts(out, m)
 
 
+def pack_build_command(a: argparse.Namespace) -> None:
+    """``node pack --build ARCHIVE``: a llama.cpp build a node returned, as parts the next node installs into its
+    build cache (bakeoff.node.build_carry)."""
+    from bakeoff.node.build_carry import pack_build
+
+    out = Path(a.out or Path(a.repo) / NODE_BUILD_DIR)
+    part, why = _part_size(a)
+    m = pack_build(Path(a.build), out, part, why)
+    print(f"llama.cpp build {m['cache_key']} (commit {m['version']}, {m['archive_bytes']} bytes)")
+    _print_parts(out, m)
+
+
+def return_build_command(a: argparse.Namespace) -> None:
+    """``node return-build --out DIR`` (node.sh --return-build, on the node): each llama.cpp build made there."""
+    from bakeoff.node.build_carry import return_builds
+
+    root = cache_root()
+    if root is None:
+        raise BakeoffError("BAKEOFF_CACHE_DIR=off: no build cache to return a build from")
+    if not a.out:
+        raise BakeoffError("node return-build needs --out (the folder that comes back)")
+    for f in return_builds(root, Path(a.out)):
+        print(f"{f}  {f.stat().st_size} bytes")
+    print("here: bakeoff node pack --build <the first of them> (build/node-build), carried to the next node")
+
+
 def run_command(a: argparse.Namespace) -> None:
     if a.action == "plan":
         from bakeoff.node.plan_check import plan_command  # composes a config and reads every record: only here
 
         plan_command(a)
-    elif a.action == "pack" and a.vllm and a.quality:
-        raise BakeoffError("node pack: --vllm or --quality, one payload a pack")
+    elif a.action == "pack" and sum(map(bool, (a.vllm, a.quality, a.build))) > 1:
+        raise BakeoffError("node pack: --vllm, --quality or --build, one payload a pack")
+    elif a.action == "pack" and a.build:
+        pack_build_command(a)
+    elif a.action == "return-build":
+        return_build_command(a)
     elif a.action == "pack" and a.vllm:
         pack_vllm_command(a)
     elif a.action == "pack" and a.quality:

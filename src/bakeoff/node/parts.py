@@ -8,8 +8,9 @@ keeps it. Only when every part has come is the payload put together, checked
 against the manifest's sha256, and installed into a fresh folder that replaces
 the target in one rename: a missing or corrupted part installs nothing. A part
 that comes twice is taken once. The manifest's ``install`` says what goes into the target:
-``pip_no_deps`` wheels (pip install --no-index --no-deps --target), ``unzip`` wheels (extracted as they are)
-and ``copy`` files (kept at their payload path, e.g. a wheel that a later step installs itself).
+``pip_no_deps`` wheels (pip install --no-index --no-deps --target), ``unzip`` wheels (extracted as they are),
+``copy`` files (kept at their payload path, e.g. a wheel that a later step installs itself) and ``untar`` archives
+(extracted into the target with their modes and hard links, e.g. a llama.cpp build).
 
 This file is standard-library only: ``node.sh`` runs it with the node's own
 ``python3`` (``python3 node_parts.py receive ...``) before anything is
@@ -199,6 +200,9 @@ def install(manifest: dict, state_root: Path, target: Path, python: str = sys.ex
         for w in manifest["install"].get("unzip", []):
             with zipfile.ZipFile(files / w) as z:
                 z.extractall(site)
+        for t in manifest["install"].get("untar", []):  # an archive of a tree: executables stay executable
+            with tarfile.open(files / t) as z:
+                z.extractall(site, filter="data")
         for c in manifest["install"].get("copy", []):  # files kept as they are, at their payload path in the site
             (site / c).parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(files / c, site / c)

@@ -21,6 +21,12 @@ made before the run says whether the run fits one node, and what to cut where it
   the model rules and the build, one after the other, from the records' benchmark files
   (``logs/bench/**.tsv`` in each ``node-results.tgz``). They run beside the part calls; the first run call
   waits for what is left of them (``wait``), inside its own 9 minutes.
+* **a carried llama.cpp build** -- where ``bakeoff node plan`` finds one packed here (``build/node-build``,
+  bakeoff.node.build_carry) for the config's commit, backend, targets and version: its part calls *before* the
+  prepare call (the build stage must find it installed), and in the background its restore
+  (``RESTORE_BUILD_S``) instead of the compile. Counted only where it is asked for (``carried_build``): a
+  record's re-plan compiles, as its node did. The node's instruction sets and compilers are part of the build's
+  key, known only there; where they differ the node compiles, and the plan says so.
 * **server starts** -- a serving job's time beyond its cells and probes: the engine's start (``startup_s`` of
   the cells it served) and the job's own overhead (the Python process, the tokenizer, the stop: the job's
   logged time less its cells, probes and start, over the records' finished jobs). A vLLM format's first start on
@@ -73,8 +79,9 @@ it. The prepare and part calls' minutes are docs/development.md's, not any recor
 2026-12-07 the part calls took 5 to 11 s of lease each on two H100 nodes, not a minute. Rated so, a vLLM-only plan
 is about 3 minutes shorter, but one that builds llama.cpp is not: the parts no longer hide the build, the first run
 call waits for it, and the re-planned ``h100-seed-2026-12-06`` (whose parts took the minute) misses its logs by a
-third. So PART_CALL_S stays, for the wait it stands in for. Nodes differ: the records'
-first vLLM start took 97 to 146 s on three H100s.
+third. So PART_CALL_S stays, for the wait it stands in for. Where a carried build replaces the compile, nothing
+is left for it to stand in for but the models, and each part call counts what it measured (``CARRIED_PART_CALL_S``,
+the upper end of those 5 to 11 s). Nodes differ: the records' first vLLM start took 97 to 146 s on three H100s.
 
 **Checked against the records** (``check_record``, ``record_section``): a record's config is re-planned from its
 call logs' ``--config`` entries, ``hardware=auto`` as its ``hardware.json`` resolves it, and what its capacity
@@ -99,7 +106,7 @@ from bakeoff.composition.compose import find_conf_dir, load_config
 from bakeoff.config.schema import Config, LoadCfg
 from bakeoff.config.slo import SLO_PRESETS, Slo
 from bakeoff.engines import get_engine
-from bakeoff.layout import NODE_QUALITY_DIR, NODE_VLLM_DIR, NODE_VLLM_SITE, cell_name
+from bakeoff.layout import NODE_BUILD_DIR, NODE_QUALITY_DIR, NODE_VLLM_DIR, NODE_VLLM_SITE, cell_name
 from bakeoff.loadgen.blocks import schedule
 from bakeoff.loadgen.capacity import Verdict, bracket_from_cells, probe_requests, probes_needed, search_concurrency
 from bakeoff.loadgen.cells import requests_for, warmup_for
@@ -123,7 +130,16 @@ PREPARE_CALL_S = 90  # the node's start and the --prepare call: 1 to 2 minutes (
 PART_CALL_S = 60  # one part's transfer call: under a minute (docs/development.md)
 
 
+CARRIED_PART_CALL_S = 11  # a part's call measured on two H100 nodes (2026-12-07): 5 to 11 s of lease (module docstring)
+
+
 INSTALL_S = 31  # the last part's call installs vLLM (docs/development.md)
+
+
+RESTORE_BUILD_S = 15  # the build stage's restore of a carried build: hash and copy 270 MB (not yet timed on a node)
+
+
+BUILD_INSTALL_S = 15  # the last build part's call extracts a 30 MB xz archive into the node's build cache
 
 
 PREPARE_GIVES_UP_S = 90  # node.sh stops waiting for the background prepare with this much of its budget left
@@ -154,6 +170,7 @@ CARRIED = ".gpucarry"  # the bundle folder the node route carries (docs/node-rou
 TERMS = {
     "quality_parts": "quality parts transfer calls (before the prepare)",
     "prepare": "prepare call (the node's start, node.sh --prepare)",
+    "build_parts": "llama.cpp build parts transfer calls (before the prepare)",
     "parts": "vLLM parts transfer calls",
     "wait": "waiting for the background prepare",
     "start": "server starts",
@@ -335,9 +352,10 @@ def _llamacpp_formats(cfg: Config) -> list[str]:
     return [f for e, f in cfg.variants() if get_engine(cfg.engines[e].plugin).toolchain == "llamacpp"]
 
 
-def background_jobs(rates: Rates) -> list[Job]:
-    """What ``node.sh --prepare`` runs in the background: the model rules, the llama.cpp build and, where
-    llama.cpp's variants are scored, its scorer binding (bundle.PREPARE_RULES)."""
+def background_jobs(rates: Rates, build: Mapping[str, Any] | None = None) -> list[Job]:
+    """What ``node.sh --prepare`` runs in the background: the model rules, the llama.cpp build (``build``: a
+    carried one that fits the config, restored instead) and, where llama.cpp's variants are scored, its scorer
+    binding (bundle.PREPARE_RULES)."""
     cfg = rates.cfg
     out = []
     src = rates.job(("model", cfg.model.name, "source"))
@@ -346,7 +364,12 @@ def background_jobs(rates: Rates) -> list[Job]:
         rule = MODEL_RULES.get(cfg.formats[fmt].method, cfg.formats[fmt].method)
         r = rates.job(("model", cfg.model.name, fmt))
         out.append(Job(rule, f"{rule} {fmt}", [Item("models", f"{rule} {fmt}", r.value, r.source)], fmt=fmt))
-    if cfg.toolchain is not None and _llamacpp_formats(cfg):
+    if cfg.toolchain is not None and _llamacpp_formats(cfg) and build is not None:
+        source = (f"{NODE_BUILD_DIR}: carried build {build['cache_key']} (built on {build['built_on'].get('cpu')}); "
+                  "restored where the node's instruction sets and compilers give its key, else compiled")
+        out.append(Job("build_llamacpp", "llama.cpp carried build, restored",
+                       [Item("build", "build_llamacpp", RESTORE_BUILD_S, source)]))
+    elif cfg.toolchain is not None and _llamacpp_formats(cfg):
         b = rates.job(("build",), DEFAULT_BUILD_S)
         out.append(Job("build_llamacpp", "llama.cpp CUDA build", [Item("build", "build_llamacpp", b.value, b.source)]))
     if _scored_by_binding(cfg):
@@ -487,10 +510,26 @@ def quality_parts(cfg: Config, repo: Path) -> tuple[int, str] | None:
                                    f"{DEFAULT_PART_MIB} MiB")
 
 
-def part_calls(folder: str, count: int, first_number: int, what: str, install_s: float) -> list[NodeCall]:
-    """One transfer call a part of the payload in ``folder``, the last one installing it."""
+def carried_build(cfg: Config, repo: Path) -> dict[str, Any] | None:
+    """The llama.cpp build packed here for the node (bakeoff.node.build_carry) where the config builds llama.cpp
+    and the build's commit, backend, targets and version are the config's; None otherwise."""
+    from bakeoff.layout import backend_tag
+    from bakeoff.node.build_carry import carried, matches
+
+    build = carried(repo)
+    if build is None or cfg.toolchain is None or not _llamacpp_formats(cfg):
+        return None
+    tc = cfg.toolchain
+    wanted = {"commit": tc.commit, "backend": backend_tag(cfg.hardware), "targets": sorted(tc.targets),
+              "version": tc.version}
+    return None if matches(build, wanted) else build
+
+
+def part_calls(folder: str, count: int, first_number: int, what: str, install_s: float,
+               call_s: float = PART_CALL_S) -> list[NodeCall]:
+    """One transfer call a part of the payload in ``folder``, the last one installing it; each ``call_s``."""
     return [NodeCall(first_number + k - 1, f"bash {folder}/node.sh --part {folder}/part-{k:02d}",
-                     PART_CALL_S + (install_s if k == count else 0), [f"{what} part {k}" + (", install" if k == count else "")])
+                     call_s + (install_s if k == count else 0), [f"{what} part {k}" + (", install" if k == count else "")])
             for k in range(1, count + 1)]
 
 
@@ -507,6 +546,8 @@ class Plan:
     unfit: list[str]
     parts: tuple[int, str] | None
     quality_parts: tuple[int, str] | None = None
+    build: dict[str, Any] | None = None  # the carried llama.cpp build the plan counts (carried_build)
+    compiled_s: float | None = None  # with a carried build: the whole plan's seconds where the node compiles instead
     # Where no record measured an evaluation on this GPU: (evaluations, the plan's seconds without them, the seconds
     # each may take for the whole to fit, quality_allowance), so a plan says what the first measurement has to show.
     unmeasured_quality: tuple[int, float, float] | None = None
@@ -539,6 +580,9 @@ class Plan:
             if f" --part {NODE_QUALITY_DIR}/" in c.command:
                 out["quality_parts"] += c.seconds
                 continue
+            if f" --part {NODE_BUILD_DIR}/" in c.command:
+                out["build_parts"] += c.seconds
+                continue
             if " --part " in c.command:
                 out["parts"] += c.seconds
                 continue
@@ -565,11 +609,12 @@ class Plan:
 def make_plan(overrides: Sequence[str], *, runs: Path | None = None, exclude: Iterable[str] = (),
               records: list[Record] | None = None, repo: Path | None = None, conf_dir: Path | None = None,
               facts: Mapping[str, Any] | None = None, parts: tuple[int, str] | None = None,
-              quality: tuple[int, str] | None = None) -> Plan:
+              quality: tuple[int, str] | None = None, use_carried_build: bool = False) -> Plan:
     """The plan for the config these Hydra overrides compose, with rates from the records under ``runs``
     (``exclude``: records left out, e.g. the one the plan is checked against); ``parts``, ``quality``: vLLM's and
     the quality payload's part counts and their sources where the caller knows them (else this checkout's packed
-    manifests, else the defaults); either is counted only where the config needs that payload."""
+    manifests, else the defaults); either is counted only where the config needs that payload.
+    ``use_carried_build``: count the llama.cpp build packed in this checkout (carried_build) instead of the compile."""
     conf = conf_dir or find_conf_dir()
     repo = repo or conf.parent
     cfg = load_config(list(overrides), conf, facts)
@@ -577,11 +622,14 @@ def make_plan(overrides: Sequence[str], *, runs: Path | None = None, exclude: It
         records = load_records(runs or repo / "runs", exclude)
     else:
         records = [r for r in records if r.name not in set(exclude)]
-    plan = _assemble(overrides, cfg, Rates(cfg, records, repo), repo, parts, quality)
+    build = carried_build(cfg, repo) if use_carried_build else None
+    plan = _assemble(overrides, cfg, Rates(cfg, records, repo), repo, parts, quality, build)
+    if build is not None:
+        plan.compiled_s = _assemble(overrides, cfg, Rates(cfg, records, repo), repo, parts, quality).total_s
     evaluations = [i for j in plan.jobs for i in j.items if i.term == "quality"]
     if evaluations and not plan.rates.quality_measured:
         def with_quality(seconds: float) -> Plan:
-            return _assemble(overrides, cfg, Rates(cfg, records, repo, quality_s=seconds), repo, parts, quality)
+            return _assemble(overrides, cfg, Rates(cfg, records, repo, quality_s=seconds), repo, parts, quality, build)
         plan.unmeasured_quality = (len(evaluations), with_quality(0.0).total_s, quality_allowance(with_quality))
     return plan
 
@@ -601,20 +649,24 @@ def quality_allowance(with_quality: Callable[[float], Plan]) -> float:
 
 
 def _assemble(overrides: Sequence[str], cfg: Config, rates: Rates, repo: Path, parts: tuple[int, str] | None,
-              quality: tuple[int, str] | None) -> Plan:
+              quality: tuple[int, str] | None, build: dict[str, Any] | None = None) -> Plan:
     """The jobs packed into calls, after the part and prepare calls (make_plan)."""
-    background = background_jobs(rates)
+    background = background_jobs(rates, build)
     serving, searches = serve_jobs(rates)
     jobs = [*check_jobs(rates, "first"), *serving, *check_jobs(rates, "last")]
     entries = _entries(overrides)
     qparts = quality_parts(cfg, repo) if quality is None or quality_parts(cfg, repo) is None else quality
-    calls = part_calls(NODE_QUALITY_DIR, qparts[0], 1, "quality", QUALITY_INSTALL_S) if qparts else []
+    call_s = PART_CALL_S if build is None else CARRIED_PART_CALL_S  # what a part call stands for (module docstring)
+    calls = part_calls(NODE_QUALITY_DIR, qparts[0], 1, "quality", QUALITY_INSTALL_S, call_s) if qparts else []
+    if build is not None:
+        calls += part_calls(NODE_BUILD_DIR, len(build["parts"]), len(calls) + 1, "llama.cpp build", BUILD_INSTALL_S,
+                            call_s)
     calls.append(NodeCall(len(calls) + 1, f"bash {CARRIED}/node.sh --prepare {entries}", PREPARE_CALL_S,
                           ["start the models and the llama.cpp build in the background"]))
     prepared = len(calls) - 1  # the background starts here: the quality parts before it do not hide it
     parts = vllm_parts(cfg, repo) if parts is None or vllm_parts(cfg, repo) is None else parts
     if parts:
-        calls += part_calls(NODE_VLLM_DIR, parts[0], len(calls) + 1, "vLLM", INSTALL_S)
+        calls += part_calls(NODE_VLLM_DIR, parts[0], len(calls) + 1, "vLLM", INSTALL_S, call_s)
     elapsed = sum(c.seconds for c in calls[prepared:])
     wait = max(0.0, PREPARE_CALL_S + sum(j.seconds for j in background) - elapsed)
     while wait > CALL_S - PREPARE_GIVES_UP_S:  # node.sh: "the background prepare is still running: call again"
@@ -626,7 +678,7 @@ def _assemble(overrides: Sequence[str], cfg: Config, rates: Rates, repo: Path, p
     for c in packing.calls:
         c.seconds = c.wait_s + c.snakemake_s + c.lost_s + gap
     return Plan(list(overrides), cfg, rates, background, jobs, searches, [*calls, *packing.calls], packing.unfit, parts,
-                qparts)
+                qparts, build)
 
 
 # --------------------------------------------------------------------------- printing
@@ -653,6 +705,12 @@ def render(plan: Plan) -> str:
     out.append(f"  {'total':<52} {minutes(plan.total_s):>6}")
     bg = ", ".join(f"{j.label} {minutes(j.seconds)}" for j in plan.background)
     out += ["", f"Background (node.sh --prepare, beside the part calls): {minutes(plan.background_s)} min: {bg}"]
+    if plan.build is not None and plan.compiled_s is not None:
+        b = plan.build
+        out.append(f"Carried llama.cpp build {b['cache_key']} ({len(b['parts'])} part(s), built on "
+                   f"{b['built_on'].get('cpu')}, packed {b.get('packed_utc')}): restored where the node's instruction "
+                   f"sets and compilers give its key; where they do not, the node compiles and the plan is "
+                   f"{minutes(plan.compiled_s)} min")
     verdict = "yes" if plan.fits else "no"
     out.append(f"Fits {NODE_S // 60} minutes on one node: {verdict} ({minutes(plan.total_s)} min in {len(plan.calls)} calls)")
     if plan.searches:

@@ -255,7 +255,7 @@ def plan_command(a: argparse.Namespace) -> None:
     if not overrides:
         raise BakeoffError("node plan needs the experiment's overrides, e.g. experiment=h100_capacity hardware=h100")
     conf = repo / "conf" if (repo / "conf" / "config.yaml").is_file() else None
-    plan = make_plan(overrides, repo=repo.resolve(), conf_dir=conf)
+    plan = make_plan(overrides, repo=repo.resolve(), conf_dir=conf, use_carried_build=True)
     print(render(plan))
     if a.out:  # kept in the record's folder, made before the run: its README sets it beside the logs
         Path(a.out).write_text(json.dumps(plan.as_json(), indent=2) + "\n")

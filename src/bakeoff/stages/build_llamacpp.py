@@ -27,11 +27,9 @@ from bakeoff.config.stageargs import StageArgs
 from bakeoff.engines.buildcache import cache_key, restore, store, tool_identity
 from bakeoff.errors import ToolchainError
 from bakeoff.hardware.cpuflags import cpu_model_name, ggml_cmake_flags, read_cpu_flags
-from bakeoff.layout import LIBLLAMA, backend_tag
+from bakeoff.layout import LIBLLAMA, LLAMACPP_CACHE_KIND, backend_tag
 from bakeoff.models.artifacts import staged_dir
 from bakeoff.models.manifest import verify, write_manifest
-
-CACHE_KIND = "llamacpp"
 
 
 def cmake_args(tc: ToolchainCfg, hw: HardwareCfg) -> list[str]:
@@ -111,7 +109,7 @@ def build(tc: ToolchainCfg, hw: HardwareCfg, source_dir: Path, out_dir: Path, jo
     work = out_dir.parent / f".{out_dir.name}.cmake"
     jobs = jobs or os.cpu_count() or 1
     with staged_dir(out_dir) as stage:
-        if restore(CACHE_KIND, key, stage):
+        if restore(LLAMACPP_CACHE_KIND, key, stage):
             return
         args = cmake_args(tc, hw)
         _run(["cmake", "-S", str(tree), "-B", str(work), *args])
@@ -133,7 +131,7 @@ def build(tc: ToolchainCfg, hw: HardwareCfg, source_dir: Path, out_dir: Path, jo
             cache_key=key,
             cache_key_parts=parts,
         )
-        store(CACHE_KIND, key, stage)
+        store(LLAMACPP_CACHE_KIND, key, stage)
     shutil.rmtree(work, ignore_errors=True)
 
 
