@@ -141,6 +141,7 @@ def test_a_ramped_summary_reads_latency_from_the_steady_span_and_counts_from_the
     assert len(latency) >= 30 and {k: m[k] for k in latency} == {k: alone[k] for k in latency}
     whole = summarize([replace(r, ramp=False) for r in ramp + steady], 3.0)  # the summary that ignored the ramp
     assert m["p99_ttft_ms"] < 100.0 < m["p99_ttft_ms_whole_cell"] == whole["p99_ttft_ms"]
+    assert m["mean_ttft_ms"] < m["mean_ttft_ms_whole_cell"] == pytest.approx(whole["mean_ttft_ms"])
     assert (m["completed"], m["total_output_tokens"], m["load_start"], m["load_ramp_s"], m["steady_requests"]) == \
         (210, 8 * 210, "ramp", 0.3, 200)
     assert m["request_throughput"] == pytest.approx(210 / 3.0) and m["request_goodput"] == pytest.approx(200 / 3.0)
@@ -148,6 +149,7 @@ def test_a_ramped_summary_reads_latency_from_the_steady_span_and_counts_from_the
     burst = summarize(steady, 3.0, slos)
     assert (burst["load_start"], burst["load_ramp_s"], burst["steady_requests"]) == ("burst", 0.0, 200)
     assert set(burst) - set(START_METRICS) == set(alone) - set(START_METRICS) and "p99_ttft_ms_whole_cell" not in burst
+    assert "mean_ttft_ms_whole_cell" not in burst
 
 
 def RampCell(records: list[RequestRecord]) -> CellResult:  # noqa: N802 - a cell as the runner returns it

@@ -234,6 +234,22 @@ def test_a_record_says_how_each_capacity_was_judged() -> None:
     assert "ramp start (ramp 6.5–6.5 s" in text and "c=256: 320, c=320: 299." in text
 
 
+def test_a_record_says_where_each_probes_first_tokens_waited_where_its_files_keep_the_servers_timing() -> None:
+    """Probe rows (constructed here) with the server's own TTFT and threads get a row each; the client's side is its
+    whole-window mean where the probe ramped (the server's window holds the ramp too); rows without them, none."""
+    from bakeoff.node.readme import ttft_split_lines
+
+    base = {"engine": "vllm", "format": "fp8-online", "slo": "interactive", "prompt_len": 128}
+    assert ttft_split_lines([{**base, "concurrency": 64, "mean_ttft_ms": 90.0}]) == []  # the older records
+    probe = {**base, "concurrency": 192, "probe_passed": False, "started_utc": 1.0, "mean_ttft_ms": 400.0,
+             "mean_ttft_ms_whole_cell": 350.0, "server_mean_ttft_ms": 120.0, "server_mean_queue_ms": 3.0,
+             "server_busiest_thread_cpu_share": 0.97, "server_busiest_thread": "vllm[42]/python3",
+             "server_cpu_cores": 2.5, "client_server_core_overlap_share": 0.1}
+    lines = ttft_split_lines([probe])
+    assert "| vllm-fp8-online | c=192 | no | 350.0 | 120.0 | 3.0 | 230.0 | 0.97 (vllm[42]/python3) | 2.50 | 0.10 |" \
+        in lines
+
+
 def test_a_record_keeps_its_plan_beside_the_minutes_its_logs_show() -> None:
     """``plan.json`` made before the run (``bakeoff node plan --out``) is set beside the call logs' minutes; a
     record without one says so instead of inventing a plan."""

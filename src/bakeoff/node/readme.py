@@ -329,6 +329,34 @@ def judging_lines(probes: Sequence[Mapping[str, Any]]) -> list[str]:
     return out + [""]
 
 
+def ttft_split_lines(probes: Sequence[Mapping[str, Any]]) -> list[str]:
+    """Where each probe's first tokens waited, for probes that kept the server's own timing
+    (bakeoff.loadgen.server_latency) and its threads (bakeoff.loadgen.core_watch); nothing for probes without."""
+    kept = [q for q in probes if q.get("server_mean_ttft_ms") not in (None, "")]
+    if not kept:
+        return []
+    out = ["Where each probe's first tokens waited: the client's mean TTFT beside the server's own (vLLM's "
+           "histogram), both over the probe's whole window, a ramp's requests included, and the server's queue "
+           "time. The difference is time outside the server's timing: its HTTP front end before and after the "
+           "engine, the network, the client. A busiest server thread near 1 core was one thread with no time to "
+           "spare.", "",
+           "| variant | probe | passed | client mean TTFT ms | server mean TTFT ms | server mean queue ms | "
+           "outside the server's timing ms | busiest server thread CPU share | server CPU cores | core overlap |",
+           "|---|---|---|---|---|---|---|---|---|---|"]
+    for q in sorted(kept, key=lambda q: (variant(q), float(q.get("started_utc") or 0))):
+        client = q.get("mean_ttft_ms_whole_cell") if q.get("mean_ttft_ms_whole_cell") not in (None, "") else \
+            q.get("mean_ttft_ms")  # over the server's window: the ramp's requests included
+        server = q.get("server_mean_ttft_ms")
+        gap = float(client) - float(server) if client not in (None, "") else None
+        thread = q.get("server_busiest_thread_cpu_share")
+        busiest = f"{float(thread):.2f} ({q.get('server_busiest_thread')})" if thread not in (None, "") else ""
+        out.append(f"| {variant(q)} | c={q.get('concurrency')}{' (re-check)' if q.get('probe_recheck') else ''} | "
+                   f"{'yes' if q.get('probe_passed') else 'no'} | {_f(client)} | {_f(server)} | "
+                   f"{_f(q.get('server_mean_queue_ms'))} | {_f(gap)} | {busiest} | {_f(q.get('server_cpu_cores'), '.2f')} | "
+                   f"{_f(q.get('client_server_core_overlap_share'), '.2f')} |")
+    return out + [""]
+
+
 def plan_section(plan: Mapping[str, Any] | None, calls: Sequence[Call]) -> list[str]:
     """The plan made before the run (``plan.json``, ``bakeoff node plan --out``) beside what the call logs show:
     the run calls' Snakemake minutes, planned and logged, and the calls' count."""
@@ -386,7 +414,7 @@ def capacity_section(capacity: Sequence[Mapping[str, Any]], probes: Sequence[Map
                    f"{_f(r.get('joules_per_output_token_at_capacity'), '.3f')} | "
                    f"{_f(r.get('p99_ttft_ms_at_capacity'))} / {_f(r.get('p99_tpot_ms_at_capacity'))} | {ub} |")
     flagged = [q for q in probes if q.get("client_saturated")]
-    out += ["", *judging_lines(probes)]
+    out += ["", *judging_lines(probes), *ttft_split_lines(probes)]
     out += ["The client beside each probe the saturation heuristic flagged (`client_saturated`: client CPU "
             "share of the cell's wall time over 0.3), with its event-loop lag:", ""]
     if not flagged:

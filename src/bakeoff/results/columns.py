@@ -214,6 +214,8 @@ START = _family(
          "completed request of a burst)."),
         ("p99_ttft_ms_whole_cell", MS, "A ramped cell's p99 TTFT over every completed request, the ramp's "
          "included; empty for a burst, whose `p99_ttft_ms` already is the whole cell's."),
+        ("mean_ttft_ms_whole_cell", MS, "A ramped cell's mean TTFT over every completed request, the ramp's "
+         "included, the peer of the server's `server_mean_ttft_ms` over the same window; empty for a burst."),
     ],
 )
 
