@@ -232,6 +232,11 @@ def test_a_record_says_how_each_capacity_was_judged() -> None:
     text = "\n".join(judging_lines(new))
     assert "confident rule;" in text and "no file names it" not in text and "no row names it" not in text
     assert "ramp start (ramp 6.5–6.5 s" in text and "c=256: 320, c=320: 299." in text
+    assert "claim held" not in text  # no file of these says
+    kept = [{**q, "confident_claim_holds": held, "effective_requests": worth}
+            for q, held, worth in zip(new, (False, True), (37.0, 310.0), strict=True)]
+    assert "The 95 % claim held for 1 of 2 (requests' independence, bakeoff.loadgen.dependence; effective " \
+        "requests 37, 310)." in "\n".join(judging_lines(kept))
 
 
 def test_a_record_says_where_each_probes_first_tokens_waited_where_its_files_keep_the_servers_timing() -> None:

@@ -17,7 +17,10 @@ The rules, stated once:
     ``P(B <= k) <= 0.05`` for ``B ~ Binomial(n, 0.01)`` and ``k`` requests over the bound of ``n``
     (``allowance``): 299 requests with none over at least (``0.99^n <= 0.05``), more where some are over
     (1 of 473, 2 of 628, ...). This is MLPerf's early-stopping rule for a p99. Whatever the latency's
-    shape, a probe whose true share over a bound is above 1 % passes at most 5 % of the time.
+    shape, a probe whose true share over a bound is above 1 % passes at most 5 % of the time, where its
+    requests are independent of one another. Where they are not (a server's slow episodes, which a closed loop
+    sees as runs of slow requests), it passes more often: every probe and capacity row says whether the
+    claim holds (``confident_claim_holds``, bakeoff.loadgen.dependence).
 
 * **Probe length.** ``max(min_requests, waves x c)`` measured requests, after ``c`` uncounted warm-up
   requests; under ``confident`` at least ``MIN_CONFIDENT_REQUESTS`` (299), the fewest with which the rule
@@ -73,7 +76,7 @@ import numpy as np
 
 from bakeoff.config.slo import SLO_PRESETS, Slo
 from bakeoff.loadgen.metrics import RequestRecord
-from bakeoff.loadgen.orderstats import LEVEL
+from bakeoff.loadgen.orderstats import LEVEL, MIN_CONFIDENT_REQUESTS, P99_SHARE
 
 __all__ = ["SLO_PRESETS", "Slo", "EarlyStop", "Search", "Verdict", "allowance", "bracket_from_cells", "judge",
            "probe_requests", "probes_needed", "search_concurrency", "search_rate", "within_resolution"]
@@ -83,9 +86,6 @@ RULES: tuple[Rule, ...] = ("point", "confident")
 RATE_STEP = 1.5
 RATE_PROBES = 8  # the rate search's budget where none is configured
 RESOLUTION = 0.05  # the concurrency search's default: stop within 5 % of the highest pass (within_resolution)
-P99_SHARE = 0.01  # the share of requests a p99 bound allows over it
-# The fewest requests with which ``confident`` can pass: none over, 0.99^n <= 0.05 (299).
-MIN_CONFIDENT_REQUESTS = math.ceil(math.log(1.0 - LEVEL) / math.log1p(-P99_SHARE))
 TOO_FEW = "too few requests"  # a confident verdict's reason where the probe read too few to pass (judge)
 
 

@@ -67,6 +67,7 @@ from typing import Any
 
 import numpy as np
 
+from bakeoff.loadgen.dependence import dependence
 from bakeoff.loadgen.orderstats import percentile_interval, share_upper_bound
 
 PERCENTILES = (90, 99)
@@ -259,6 +260,7 @@ def summarize(records: list[RequestRecord], duration_s: float, slos_ms: dict[str
                 good += 1
         res[GOODPUT] = good / duration_s if duration_s > 0 else float("nan")
         res.update(over_shares(ok, slos_ms))
+        res.update(dependence(ok))  # whether those shares' 95 % bounds may be read as such
     res[PEAK_IN_FLIGHT] = peak_in_flight(records)
     if concurrency is not None:
         res.update(steady_state(records, concurrency))

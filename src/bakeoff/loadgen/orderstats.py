@@ -16,11 +16,17 @@ and in the capacity rule's simulations).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import numpy as np
 
 LEVEL = 0.95
+P99_SHARE = 0.01  # the share of requests a p99 bound allows over it
+# The fewest requests with which a 95 % upper bound on a share can be 1 %: none over, 0.99^n <= 0.05 (299), the
+# confident rule's minimum (bakeoff.loadgen.capacity) and the effective requests its claim needs
+# (bakeoff.loadgen.dependence).
+MIN_CONFIDENT_REQUESTS = math.ceil(math.log(1.0 - LEVEL) / math.log1p(-P99_SHARE))
 
 
 def binom_cdfs(n: int, p: float) -> np.ndarray:

@@ -324,8 +324,15 @@ def judging_lines(probes: Sequence[Mapping[str, Any]]) -> list[str]:
             n = int(n or 0)
             below = " < " + str(MIN_CONFIDENT_REQUESTS) if n < MIN_CONFIDENT_REQUESTS else ""
             sizes.append(f"c={q.get('concurrency')}{' (re-check)' if q.get('probe_recheck') else ''}: {n}{below}")
+        claims = [q.get("confident_claim_holds") for q in mine if q.get("confident_claim_holds") not in (None, "")]
+        held = ""
+        if claims:
+            worth = [f"{float(q['effective_requests']):.0f}" for q in mine
+                     if q.get("effective_requests") not in (None, "")]
+            held = (f" The 95 % claim held for {sum(str(c).lower() == 'true' for c in claims)} of {len(claims)} "
+                    f"(requests' independence, bakeoff.loadgen.dependence; effective requests {', '.join(worth)}).")
         out.append(f"- {key[0]}, {key[1]}, prompt {key[2]}: {rule}; {start}. Measured requests a probe "
-                   f"(a confident pass needs at least {MIN_CONFIDENT_REQUESTS}): {', '.join(sizes)}.")
+                   f"(a confident pass needs at least {MIN_CONFIDENT_REQUESTS}): {', '.join(sizes)}.{held}")
     return out + [""]
 
 
@@ -403,6 +410,9 @@ def capacity_section(capacity: Sequence[Mapping[str, Any]], probes: Sequence[Map
                                                                else ", not converged")
             if str(r.get("concurrency_uncertain")).lower() == "true":
                 what += f"; uncertain, re-checks {r.get('concurrency_recheck')}"
+            if str(r.get("confident_claim_holds_at_capacity")).lower() == "false":
+                what += (f"; its 95 % does not hold: dependent requests, worth "
+                         f"{float(r.get('effective_requests_at_capacity') or 0):.0f} independent ones")
         seq = ", ".join(f"{q['concurrency']}{' ✓' if q.get('probe_passed') else ''}"
                         + (" (re-check)" if q.get("probe_recheck") else "") for q in mine)
         seeded = r.get("concurrency_seeded")

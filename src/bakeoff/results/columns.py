@@ -81,6 +81,7 @@ CELLS = "bakeoff.loadgen.cells"
 MEASURE = "bakeoff.serving.measure"
 LATENCY = "bakeoff.loadgen.server_latency"
 CORES = "bakeoff.loadgen.core_watch"
+DEPENDENCE = "bakeoff.loadgen.dependence"
 SERVE = "bakeoff.serving.variant"
 SUMMARY_STAGE = "bakeoff.stages.summary"
 DERIVED = "bakeoff.results.derived"
@@ -439,6 +440,14 @@ PROBES = _family(
          "over the TTFT bound: how sure a pass is.", METRICS),
         ("over_tpot_share", FRACTION, "As `over_ttft_share`, for TPOT.", METRICS),
         ("over_tpot_share_ub95", FRACTION, "As `over_ttft_share_ub95`, for TPOT.", METRICS),
+        ("ttft_lag1_autocorr", RATIO, "Lag-1 autocorrelation of the log TTFT of the requests the latency "
+         "statistics read, in the order sent: how much one request's TTFT tells of the next's.", DEPENDENCE),
+        ("tpot_lag1_autocorr", RATIO, "As `ttft_lag1_autocorr`, for TPOT.", DEPENDENCE),
+        ("effective_requests", COUNT, "The independent requests those are worth, n (1 - r) / (1 + r) with r the "
+         "larger of the two autocorrelations.", DEPENDENCE),
+        ("confident_claim_holds", "bool", "Whether the 95 % of the share bounds (`over_*_share_ub95`, the confident "
+         "rule) may be read as such: false where even the autocorrelation's 95 % lower bound leaves fewer than 299 "
+         "effective requests.", DEPENDENCE),
     ],
 )
 
@@ -682,6 +691,9 @@ CAPACITY_SEARCH = _family(
         ("over_ttft_share_ub95_at_capacity", FRACTION, "`over_ttft_share_ub95` of the probe at capacity."),
         ("over_tpot_share_at_capacity", FRACTION, "`over_tpot_share` of the probe at capacity."),
         ("over_tpot_share_ub95_at_capacity", FRACTION, "`over_tpot_share_ub95` of the probe at capacity."),
+        ("effective_requests_at_capacity", COUNT, "`effective_requests` of the probe at capacity."),
+        ("confident_claim_holds_at_capacity", "bool", "`confident_claim_holds` of the probe at capacity: where "
+         "false, a confident capacity's 95 % does not hold (bakeoff.loadgen.dependence)."),
     ],
 )
 

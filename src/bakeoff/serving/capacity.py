@@ -42,6 +42,7 @@ from bakeoff.serving.measure import measure
 AT_CAPACITY = ("output_throughput", "request_goodput", "joules_per_output_token", "p99_ttft_ms", "p99_tpot_ms",
                "p99_ttft_ms_whole_cell", "steady_requests", "load_ramp_s",
                "over_ttft_share", "over_ttft_share_ub95", "over_tpot_share", "over_tpot_share_ub95",
+               "effective_requests", "confident_claim_holds",
                "client_cpu_s", "client_cpu_share", "client_workers", "client_saturated")
 
 

@@ -22,6 +22,7 @@ from bakeoff.errors import BakeoffError
 from bakeoff.hardware.telemetry import COLUMNS as TELEMETRY_COLUMNS
 from bakeoff.hardware.telemetry import FINGERPRINT_COLUMNS
 from bakeoff.loadgen.core_watch import COLUMNS as CORE_WATCH_COLUMNS
+from bakeoff.loadgen.dependence import COLUMNS as DEPENDENCE_COLUMNS
 from bakeoff.loadgen.health import COLUMNS as CLIENT_HEALTH_COLUMNS
 from bakeoff.loadgen.metrics import SERVER_METRICS, START_METRICS, SUMMARY_METRICS
 from bakeoff.loadgen.prefix_cache import COLUMNS as PREFIX_CACHE_COLUMNS
@@ -47,7 +48,7 @@ COLUMNS = [
     "engine_settings", "parallel_set_by", "config_hash", "load_note",
     # capacity probes (load.mode: capacity): which search, which SLO, its verdict; empty on the fixed cells
     "cell", "probe_of", "slo", "probe_passed", "probe_exceeded", "probe_recheck", "stopped_early", "peak_in_flight",
-    "over_ttft_share", "over_ttft_share_ub95", "over_tpot_share", "over_tpot_share_ub95",
+    "over_ttft_share", "over_ttft_share_ub95", "over_tpot_share", "over_tpot_share_ub95", *DEPENDENCE_COLUMNS,
     # the workload (load.workload): what the cell replayed, and what the server's prefix cache made of it
     *WORKLOAD_COLUMNS, "prefix_caching", *PREFIX_CACHE_COLUMNS,
     *QUALITY_COLUMNS,
@@ -65,7 +66,7 @@ CAPACITY_COLUMNS = [
     "p99_ttft_ms_at_capacity", "p99_tpot_ms_at_capacity", "p99_ttft_ms_whole_cell_at_capacity",
     "steady_requests_at_capacity", "load_ramp_s_at_capacity", "output_throughput_at_capacity_rate",
     "over_ttft_share_at_capacity", "over_ttft_share_ub95_at_capacity", "over_tpot_share_at_capacity",
-    "over_tpot_share_ub95_at_capacity",
+    "over_tpot_share_ub95_at_capacity", "effective_requests_at_capacity", "confident_claim_holds_at_capacity",
     # the client beside the server's limit: its CPU at capacity, and every probe of the search where it saturated
     "client_cpu_s_at_capacity", "client_cpu_share_at_capacity", "client_workers_at_capacity",
     "client_saturated_at_capacity", "client_saturated_probes",
