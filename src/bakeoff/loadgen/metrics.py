@@ -260,7 +260,7 @@ def summarize(records: list[RequestRecord], duration_s: float, slos_ms: dict[str
                 good += 1
         res[GOODPUT] = good / duration_s if duration_s > 0 else float("nan")
         res.update(over_shares(ok, slos_ms))
-        res.update(dependence(ok))  # whether those shares' 95 % bounds may be read as such
+    res.update(dependence(ok))  # whether the 95 % bounds above (shares, intervals) may be read as such
     res[PEAK_IN_FLIGHT] = peak_in_flight(records)
     if concurrency is not None:
         res.update(steady_state(records, concurrency))

@@ -234,7 +234,9 @@ INTERVALS = _family(
     "`<statistic>_ci_lo` and `<statistic>_ci_hi` are the two bounds, in the statistic's unit (ms), of a 95 % "
     "interval of that statistic from one cell's own requests (`bakeoff.loadgen.metrics` names the method). "
     "They are bounds, not a half-width (compare `_ci95` below). Empty where the cell's requests cannot bound "
-    "the statistic (too few requests for a p99 has no upper bound).",
+    "the statistic (too few requests for a p99 has no upper bound). They assume the cell's requests are "
+    "independent: `effective_requests` (bakeoff.loadgen.dependence) says how many independent ones they are "
+    "worth, and where that is far below `steady_requests` the interval is too narrow.",
     METRICS,
     _interval_rows(),
 )
@@ -441,7 +443,8 @@ PROBES = _family(
         ("over_tpot_share", FRACTION, "As `over_ttft_share`, for TPOT.", METRICS),
         ("over_tpot_share_ub95", FRACTION, "As `over_ttft_share_ub95`, for TPOT.", METRICS),
         ("ttft_lag1_autocorr", RATIO, "Lag-1 autocorrelation of the log TTFT of the requests the latency "
-         "statistics read, in the order sent: how much one request's TTFT tells of the next's.", DEPENDENCE),
+         "statistics read, in the order sent: how much one request's TTFT tells of the next's. Written on every "
+         "cell of 30 requests or more.", DEPENDENCE),
         ("tpot_lag1_autocorr", RATIO, "As `ttft_lag1_autocorr`, for TPOT.", DEPENDENCE),
         ("effective_requests", COUNT, "The independent requests those are worth, n (1 - r) / (1 + r) with r the "
          "larger of the two autocorrelations.", DEPENDENCE),
