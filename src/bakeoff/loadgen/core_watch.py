@@ -99,8 +99,8 @@ class CoreWatch:
     """Samples the threads of a server's process tree and a client's (the client's tree less the server's: a server
     started by the client is the server's) every ``interval_s`` while open.
 
-    ``summary()`` gives the window's CPU share of each server process (by pid, with its name), the client's total,
-    and ``overlap_share``."""
+    ``summary()`` gives the window's CPU share of each server process (by pid, with its name), the client's total
+    and ``core_overlap_share``; ``columns()`` a cell's columns."""
 
     server_pid: int
     client_pid: int = field(default_factory=os.getpid)
