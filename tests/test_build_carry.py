@@ -155,30 +155,13 @@ def test_a_plan_with_a_carried_build_sends_it_before_the_prepare_and_restores_in
 def test_node_sh_return_build_writes_the_nodes_own_build_into_out_and_names_a_missing_one(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The real node.sh and bakeoff's own CLI from a bundle's repo.tgz (its src/ as packed), on a stand-in node."""
-    import io
-
-    from test_node_vllm_parts import wheel
-
-    from bakeoff.node import parts as node_parts
-    from bakeoff.node.bundle import NODE_SH
+    from test_node_prepare import stand_in_bundle
 
     from conftest import ROOT
 
-    bundle = tmp_path / "bundle"
-    (bundle / "whl").mkdir(parents=True)
-    wheel(bundle / "whl", "tiny-dep", "1.0")
-    with tarfile.open(bundle / "repo.tgz", "w:gz") as tar:
-        tar.add(ROOT / "src", arcname="src", filter=lambda ti: None if "__pycache__" in ti.name else ti)
-        snakefile = b"rule node:\n    input: []\n"
-        ti = tarfile.TarInfo("Snakefile")
-        ti.size = len(snakefile)
-        tar.addfile(ti, io.BytesIO(snakefile))
-    (bundle / "node.sh").write_text(NODE_SH)
-    (bundle / "node_parts.py").write_text(Path(node_parts.__file__).read_text())
+    bundle, env = stand_in_bundle(tmp_path, "rule node:\n    input: []\n", src=ROOT / "src")
     cache, out = tmp_path / "node-cache", tmp_path / "out"
-    env = {**os.environ, "BAKEOFF_NODE_DIR": str(tmp_path / "node"), "BAKEOFF_NODE_SITE": str(tmp_path / "site"),
-           "OUT": str(out), "BAKEOFF_CACHE_DIR": str(cache),
-           "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
+    env["BAKEOFF_CACHE_DIR"] = str(cache)
     none = subprocess.run(["bash", str(bundle / "node.sh"), "--return-build"], env=env, capture_output=True, text=True,
                           timeout=120)
     assert none.returncode != 0 and "no llama.cpp build made on this node" in none.stderr, none.stdout + none.stderr

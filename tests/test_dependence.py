@@ -97,3 +97,16 @@ def test_the_h100_probes_requests_were_dependent_and_no_probes_claim_holds() -> 
     assert round(min(ttft), 2) == 0.41 and round(max(ttft), 2) == 0.99
     assert not any(r["confident_claim_holds"] for r in rows.values())
     assert max(r["effective_requests"] for r in rows.values()) < 299
+
+
+@pytest.mark.parametrize("n", [30, 100])
+def test_at_a_fixed_cells_size_no_claim_stands_and_the_autocorrelation_still_tells_dependence_apart(n: int) -> None:
+    """Fixed cells run 30 to 100 requests: too few for any 95 % claim on a 1 % share (299 at least), whatever their
+    dependence; the lag-1 estimate is near 0 for independent requests and high for phi = 0.9 (known truth)."""
+    rng = np.random.default_rng(5)
+    independent = [dependence(probe(rng, n, 0.0)) for _ in range(RUNS // 2)]
+    dependent = [dependence(probe(rng, n, 0.9)) for _ in range(RUNS // 2)]
+    assert not any(d["confident_claim_holds"] for d in independent + dependent)
+    assert abs(np.mean([d["ttft_lag1_autocorr"] for d in independent])) < 0.06  # its bias is about -1/n
+    assert np.mean([d["ttft_lag1_autocorr"] for d in dependent]) > 0.6
+    assert np.median([d["effective_requests"] for d in dependent]) < n / 4

@@ -43,21 +43,31 @@ rule serve_load:
 """
 
 
-@pytest.mark.slow
-def test_prepare_returns_at_once_and_the_run_waits_for_it(tmp_path: Path):
+def stand_in_bundle(tmp_path: Path, snakefile: str, src: Path | None = None) -> tuple[Path, dict[str, str]]:
+    """A bundle as ``bakeoff node pack`` lays one out (a wheel, repo.tgz with ``snakefile`` and, where given, the
+    ``src`` tree, node.sh, node_parts.py) under ``tmp_path / "bundle"``, and the environment of a stand-in node
+    under ``tmp_path`` (its run folder ``node``, its site, ``OUT`` at ``out``)."""
     bundle = tmp_path / "bundle"
     (bundle / "whl").mkdir(parents=True)
     wheel(bundle / "whl", "tiny-dep", "1.0")
-    data = SNAKEFILE.encode()
+    data = snakefile.encode()
     with tarfile.open(bundle / "repo.tgz", "w:gz") as tar:
+        if src is not None:
+            tar.add(src, arcname="src", filter=lambda ti: None if "__pycache__" in ti.name else ti)
         ti = tarfile.TarInfo("Snakefile")
         ti.size = len(data)
         tar.addfile(ti, io.BytesIO(data))
     (bundle / "node.sh").write_text(NODE_SH)
     (bundle / "node_parts.py").write_text(Path(node_parts.__file__).read_text())
+    env = {**os.environ, "BAKEOFF_NODE_DIR": str(tmp_path / "node"), "BAKEOFF_NODE_SITE": str(tmp_path / "site"),
+           "OUT": str(tmp_path / "out"), "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
+    return bundle, env
+
+
+@pytest.mark.slow
+def test_prepare_returns_at_once_and_the_run_waits_for_it(tmp_path: Path):
+    bundle, env = stand_in_bundle(tmp_path, SNAKEFILE)
     work, out = tmp_path / "node", tmp_path / "out"
-    env = {**os.environ, "BAKEOFF_NODE_DIR": str(work), "BAKEOFF_NODE_SITE": str(tmp_path / "site"), "OUT": str(out),
-           "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
     t0 = time.monotonic()
     prep = subprocess.run(["bash", str(bundle / "node.sh"), "--prepare", "experiment=stand_in"], env=env, capture_output=True,
                           text=True, timeout=60)
