@@ -20,7 +20,6 @@ on what condition.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import tarfile
 from pathlib import Path
@@ -38,14 +37,6 @@ RETURN_LIMIT = 64 * 2**20  # what one call can bring back in all
 MAX_RETURN_FILES = 8
 
 
-def _digest(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(1 << 20):
-            h.update(block)
-    return h.hexdigest()
-
-
 def archive_entry(entry: Path, out: Path) -> Path:
     """``entry`` (a verified build cache entry) as an xz tarball at ``out``: each distinct file once, a file with
     the same bytes as one already in as a hard link to it. No times or owners: the same build, the same bytes."""
@@ -61,7 +52,7 @@ def archive_entry(entry: Path, out: Path) -> Path:
             path = entry / rel
             ti = tar.gettarinfo(str(path), arcname=rel)
             ti.mtime, ti.uid, ti.gid, ti.uname, ti.gname = 0, 0, 0, "", ""
-            digest = _digest(path)
+            digest = node_parts.sha256_file(path)
             if digest in first:
                 ti.type, ti.linkname, ti.size = tarfile.LNKTYPE, first[digest], 0
                 tar.addfile(ti)
