@@ -33,6 +33,10 @@ embedded model on this CPU), an existing server (``--url``, e.g. vLLM on a GPU n
         --config experiment=h100_capacity hardware=auto --prompt-len 128 --output-len 256 \
         --concurrency 64 128 256 512 --clients bakeoff:1 bakeoff:4 vllm_bench --rounds 1
 
+A check stopped by a call's time limit continues in a later call: ``--resume <its report>`` keeps every round that
+finished (all clients ran, so a round's pairs always share one server start), runs the rest, and feeds
+``bakeoff:auto``'s sizer the kept runs first, as if it had seen them. Each run says which call made it (``call``).
+
 Targets (from the serving issue): output tok/s within +-3%, median TTFT and
 TPOT within +-5%, bakeoff's client CPU per 1k tokens <= 0.5x vllm bench's.
 """
@@ -160,6 +164,44 @@ def watching(pid: int | None) -> Iterator[CoreWatch | None]:
         yield watch
 
 
+RESUME_SETTINGS = ("prompt_len", "output_len", "num_requests", "requests_per_concurrency", "served_name")
+
+
+def resumed(report: dict, a: argparse.Namespace) -> tuple[dict[str, list[dict]], int]:
+    """An earlier call's report cut to its finished rounds (every client of ``a.clients`` ran that concurrency and
+    round), and this call's number. A report made with other load settings or other clients is refused: its rounds
+    would not pair with this call's."""
+    old = report.get("settings", {})
+    differ = [k for k in RESUME_SETTINGS if k in old and old[k] != getattr(a, k)]
+    if sorted(old.get("clients", a.clients)) != sorted(a.clients):
+        differ.append("clients")
+    if differ:
+        raise SystemExit(f"--resume: the report was made with other {', '.join(differ)} "
+                         f"({', '.join(f'{k}={old.get(k)!r}' for k in differ)}): start a new check instead")
+    runs = report.get("runs", {})
+    done = {(r["concurrency"], int(r["round"])) for r in runs.get(a.clients[0], [])
+            if all(any(o["concurrency"] == r["concurrency"] and int(o["round"]) == int(r["round"])
+                       for o in runs.get(who, [])) for who in a.clients)}
+    kept = {who: [r for r in rs if (r["concurrency"], int(r["round"])) in done] for who, rs in runs.items()
+            if who in a.clients}
+    call = 1 + max((int(r.get("call", 0)) for rs in kept.values() for r in rs), default=-1)
+    return {who: rs for who, rs in kept.items() if rs}, call
+
+
+def feed_sizer(runs: dict[str, list[dict]]) -> None:
+    """``bakeoff:auto``'s sizer, shown the kept bakeoff runs in the order they ran (call, concurrency as run, round,
+    position), as the call that made them had shown it."""
+    global SIZER
+    from bakeoff.loadgen.sizing import ClientSizer
+
+    SIZER = SIZER or ClientSizer()
+    order = sorted(((int(r.get("call", 0)), int(r.get("order", 0)), int(r["round"]), int(r["position"])), r)
+                   for who, rs in runs.items() if who != "vllm_bench" for r in rs)
+    for _, r in order:
+        SIZER.observe(r["concurrency"], r["output_throughput"], r["client_cpu_s_per_1k_tokens"],
+                      workers=r["client_workers"], saturated=bool(r["client_saturated"]))
+
+
 SIZER = None  # bakeoff:auto's sizer: the cells measured on this server so far, as a serving job keeps them
 
 
@@ -200,6 +242,7 @@ def main() -> int:
     ap.add_argument("--requests-per-concurrency", type=int, default=4)
     ap.add_argument("--rounds", type=int, default=10)
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "out" / "client_vs_vllm_bench.json"))
+    ap.add_argument("--resume", type=Path, help="an earlier call's report: keep its finished rounds, run the rest")
     a = ap.parse_args()
 
     from transformers import AutoTokenizer
@@ -210,6 +253,15 @@ def main() -> int:
     out = Path(a.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     runs: dict[str, list[dict]] = {}
+    call = 0
+    if a.resume is not None:
+        if not a.resume.is_file():
+            raise SystemExit(f"--resume: {a.resume} is not a file")
+        runs, call = resumed(json.loads(a.resume.read_text()), a)
+        feed_sizer(runs)
+        print(f"resuming from {a.resume}: {sum(map(len, runs.values()))} runs of finished rounds kept; "
+              f"this is call {call}", file=sys.stderr)
+    done = {(r["concurrency"], int(r["round"])) for rs in runs.values() for r in rs}
     with server(a, tok) as (url, pid):
         referee_ok = True
         try:
@@ -221,6 +273,8 @@ def main() -> int:
         for c in a.concurrency:
             n = max(a.num_requests, a.requests_per_concurrency * c)
             for r in range(a.rounds):
+                if (c, r) in done:
+                    continue
                 k = (r + a.concurrency.index(c)) % len(a.clients)
                 order = a.clients[k:] + a.clients[:k]
                 for who in order:
@@ -233,7 +287,8 @@ def main() -> int:
                     if referee_ok:
                         res.update(referee(before, server_histograms(url)))
                     res["cpu_s_per_1k_tokens"] = 1000 * res["cpu_s"] / res["tokens"] if res["tokens"] else None
-                    res.update(concurrency=c, round=r, position=order.index(who))
+                    res.update(concurrency=c, round=r, position=order.index(who), call=call,
+                               order=a.concurrency.index(c))
                     runs.setdefault(who, []).append(res)
                     print(f"c={c} round {r} {who:10s} " + json.dumps(
                         {k: (round(v, 3) if isinstance(v, float) else v) for k, v in res.items() if v is not None}),
@@ -246,7 +301,7 @@ def main() -> int:
 def write_report(out: Path, runs: dict[str, list[dict]], a: argparse.Namespace) -> None:
     """The comparison so far, written whole (temporary file, then rename)."""
     report = compare(runs, a.clients)
-    report["settings"] = vars(a)
+    report["settings"] = {k: str(v) if isinstance(v, Path) else v for k, v in vars(a).items()}
     report["runs"] = runs
     tmp = out.with_name(out.name + ".tmp")
     tmp.write_text(json.dumps(report, indent=2) + "\n")
@@ -266,7 +321,9 @@ def compare(runs: dict[str, list[dict]], clients: list[str]) -> dict:
     for who in (c for c in clients if c != "vllm_bench"):
         rep: dict = {}
         for k in KEYS:
-            pairs = [(b[k], v[k]) for b, v in zip(runs[who], runs["vllm_bench"], strict=True) if b.get(k) and v.get(k)]
+            ref = {(v["concurrency"], int(v["round"])): v for v in runs["vllm_bench"]}
+            pairs = [(b[k], v[k]) for b in runs.get(who, []) if (v := ref.get((b["concurrency"], int(b["round"]))))
+                     and b.get(k) and v.get(k)]
             if not pairs:
                 continue
             ratios = [b / v for b, v in pairs]

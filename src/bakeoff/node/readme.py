@@ -488,6 +488,7 @@ def client_check_section(check: Mapping[str, Any] | None) -> list[str]:
            f"`client_check.json` (benchmarks/client_vs_vllm_bench.py on one vLLM server; {rounds} round(s) per "
            "concurrency, the clients in rotating order). CPU-s per 1k tokens is the benchmark process's and its "
            "finished children's (worker processes' start-up included).", "",
+           *resumed_note(runs),
            "| c | client | round | position | output tok/s | median TTFT ms | median TPOT ms | p99 TPOT ms | "
            "CPU-s / 1k tok | workers | worst worker CPU share | worst lag p99 ms | worst schedule delay p99 ms | "
            "slot-time lost | flagged | server mean ITL ms | busiest server thread CPU share | core overlap |",
@@ -528,6 +529,20 @@ def client_check_section(check: Mapping[str, Any] | None) -> list[str]:
             out.append(f"| {c} | {who} | {len(pairs)} | {span(tok)} | {span(p99)} | {'yes' if agree else 'no'} | "
                        f"{flags} of {len(agreeing)} |")
     return out + [""]
+
+
+def resumed_note(runs: Mapping[str, Sequence[Mapping[str, Any]]]) -> list[str]:
+    """Which call of the check made which rounds, where it was resumed (``--resume``): a round's runs are always
+    from one call, so each paired ratio compares clients on one server start."""
+    calls: dict[int, set[tuple[int, int]]] = {}
+    for rs in runs.values():
+        for r in rs:
+            calls.setdefault(int(r.get("call", 0)), set()).add((r["concurrency"], int(r.get("round", 0))))
+    if len(calls) < 2:
+        return []
+    said = "; ".join(f"call {k}: " + ", ".join(f"c={c} round {r}" for c, r in sorted(v)) for k, v in sorted(calls.items()))
+    return [f"Resumed: the runs come from {len(calls)} calls of the check, each with its own server start ({said}).",
+            ""]
 
 
 def busiest(run: Mapping[str, Any]) -> str:
