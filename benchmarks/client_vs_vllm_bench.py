@@ -179,9 +179,7 @@ def resumed(report: dict, a: argparse.Namespace) -> tuple[dict[str, list[dict]],
         raise SystemExit(f"--resume: the report was made with other {', '.join(differ)} "
                          f"({', '.join(f'{k}={old.get(k)!r}' for k in differ)}): start a new check instead")
     runs = report.get("runs", {})
-    done = {(r["concurrency"], int(r["round"])) for r in runs.get(a.clients[0], [])
-            if all(any(o["concurrency"] == r["concurrency"] and int(o["round"]) == int(r["round"])
-                       for o in runs.get(who, [])) for who in a.clients)}
+    done = set.intersection(*({(r["concurrency"], int(r["round"])) for r in runs.get(who, [])} for who in a.clients))
     kept = {who: [r for r in rs if (r["concurrency"], int(r["round"])) in done] for who, rs in runs.items()
             if who in a.clients}
     call = 1 + max((int(r.get("call", 0)) for rs in kept.values() for r in rs), default=-1)
@@ -198,8 +196,14 @@ def feed_sizer(runs: dict[str, list[dict]]) -> None:
     order = sorted(((int(r.get("call", 0)), int(r.get("order", 0)), int(r["round"]), int(r["position"])), r)
                    for who, rs in runs.items() if who != "vllm_bench" for r in rs)
     for _, r in order:
-        SIZER.observe(r["concurrency"], r["output_throughput"], r["client_cpu_s_per_1k_tokens"],
-                      workers=r["client_workers"], saturated=bool(r["client_saturated"]))
+        observe(r)
+
+
+def observe(run: dict) -> None:
+    """Show ``bakeoff:auto``'s sizer one bakeoff run: the workers' own cost over the measured window (bakeoff.loadgen
+    .health), not this process's, which counts each worker process's start; a fixed count is no evidence of need."""
+    SIZER.observe(run["concurrency"], run["output_throughput"], run["client_cpu_s_per_1k_tokens"],
+                  workers=run["client_workers"], saturated=bool(run["client_saturated"]))
 
 
 SIZER = None  # bakeoff:auto's sizer: the cells measured on this server so far, as a serving job keeps them
@@ -218,10 +222,7 @@ def run_client(who: str, url: str, a: argparse.Namespace, tok, prompts: list[str
     kind = who.split(":", 1)[1] if ":" in who else "1"
     workers = SIZER.workers(c, available_cores()) if kind == "auto" else int(kind)
     res = asyncio.run(run_bakeoff(url, a.served_name, prompts, a.prompt_len, a.output_len, c, workers))
-    # the cost the pipeline's sizer learns: the workers' own over the measured window (bakeoff.loadgen.health), not
-    # this process's, which counts each worker process's start
-    SIZER.observe(c, res["output_throughput"], res["client_cpu_s_per_1k_tokens"], workers=res["client_workers"],
-                  saturated=bool(res["client_saturated"]))  # a fixed count is no evidence of need: ``needed`` 1
+    observe({**res, "concurrency": c})
     return res
 
 
@@ -320,8 +321,8 @@ def compare(runs: dict[str, list[dict]], clients: list[str]) -> dict:
         return report
     for who in (c for c in clients if c != "vllm_bench"):
         rep: dict = {}
+        ref = {(v["concurrency"], int(v["round"])): v for v in runs["vllm_bench"]}
         for k in KEYS:
-            ref = {(v["concurrency"], int(v["round"])): v for v in runs["vllm_bench"]}
             pairs = [(b[k], v[k]) for b in runs.get(who, []) if (v := ref.get((b["concurrency"], int(b["round"]))))
                      and b.get(k) and v.get(k)]
             if not pairs:
